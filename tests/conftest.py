@@ -1,0 +1,47 @@
+"""Shared fixtures: the tiny LTX-2.5 set, written once per test session (each file on first use)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+os.environ.setdefault("LTX25_QUIET", "1")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+from nodes.ltx import tiny  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> str:
+    """A ComfyUI-style models folder; files appear as `tiny_file` or `tiny_models` write them."""
+    return str(tmp_path_factory.mktemp("tiny_models"))
+
+
+@pytest.fixture(scope="session")
+def tiny_file(tiny_dir):
+    """`tiny_file("conv_vae")` → path of that tiny file (written on first use, seed 0)."""
+    import importlib
+
+    def get(component: str) -> str:
+        path = tiny.tiny_paths(tiny_dir)[component]
+        if not os.path.exists(path):
+            importlib.import_module(f"nodes.ltx.{component}").write_tiny(path, 0)
+        return path
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_dir, tiny_file) -> str:
+    """The whole tiny set; also made the standalone models folder of the bridge."""
+    from nodes import comfy_bridge
+
+    for component in tiny.tiny_paths(tiny_dir):
+        tiny_file(component)
+    comfy_bridge.set_models_dir(tiny_dir)
+    return tiny_dir
