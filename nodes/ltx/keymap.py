@@ -26,15 +26,19 @@ class Rename:
     module: str
     anywhere: bool = False  # False: prefix anchored at the key's start; True: whole dotted segments anywhere
 
-    def _pattern(self, text: str) -> re.Pattern:
-        body = re.escape(text.rstrip("."))
-        return re.compile(rf"(?:(?<=\.)|^){body}(?=\.|$)") if self.anywhere else re.compile(rf"^{body}(?=\.|$)")
+    def _sub(self, src: str, dst: str, key: str) -> str:
+        src, dst = src.rstrip("."), dst.rstrip(".")
+        if not src:  # running a stripped prefix backwards: put it back
+            return key if self.anywhere else f"{dst}.{key}"
+        lead = r"(?:(?<=\.)|^)" if self.anywhere else "^"
+        pattern = re.compile(lead + re.escape(src) + r"(\.|$)")
+        return pattern.sub(lambda m: (dst + m.group(1)) if dst else "", key, count=1)
 
     def forward(self, key: str) -> str:
-        return self._pattern(self.native).sub(self.module.rstrip("."), key, count=1)
+        return self._sub(self.native, self.module, key)
 
     def backward(self, key: str) -> str:
-        return self._pattern(self.module).sub(self.native.rstrip("."), key, count=1)
+        return self._sub(self.module, self.native, key)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,30 @@
+# The two commands a fresh machine needs: `make test` (the suite) and `make demo` (the main job, tiny assets).
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+MODELS := .cache/tiny-models
+OUT := out
+
+.PHONY: test demo venv clean
+
+venv: $(STAMP)
+
+$(STAMP): constraints.txt requirements-dev.txt pyproject.toml
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt torch==2.13.0
+	$(PIP) install -q -c constraints.txt -r requirements-dev.txt
+	# natten is source-only on PyPI: build it without CUDA (flex backend, exact on the CPU) in seconds.
+	CUDA_VISIBLE_DEVICES= $(PIP) install -q -c constraints.txt --no-build-isolation natten==0.21.7
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(VPY) -m pytest
+
+demo: $(STAMP)
+	$(VPY) -m nodes.demo --models $(MODELS) --out $(OUT)
+
+clean:
+	rm -rf $(VENV) .cache $(OUT)
