@@ -1,3 +1,40 @@
-"""(placeholder: nodes of this stage are being written)"""
-NODE_CLASS_MAPPINGS: dict = {}
-NODE_DISPLAY_NAME_MAPPINGS: dict = {}
+"""The decoder A/B node: the same latents decoded by both video VAEs, side by side, with a JSON report."""
+from __future__ import annotations
+
+from .ltx.image_compare import check_comparable, compare_report, report_json, side_by_side
+
+
+class LTX25DecoderCompare:
+    DESCRIPTION = ("Puts two decodes of the same latent side by side with labels and reports per-frame PSNR/SSIM, "
+                   "seconds, peak memory and tiles of each decoder.")
+    CATEGORY = "LTX-2.5/compare"
+    RETURN_TYPES = ("IMAGE", "STRING")
+    RETURN_NAMES = ("side_by_side", "report_json")
+    OUTPUT_TOOLTIPS = ("Both videos in one frame, labelled.", "JSON: PSNR/SSIM per frame and mean, decoder costs.")
+    OUTPUT_NODE = True
+    FUNCTION = "compare"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "images_a": ("IMAGE", {"tooltip": "Decoder A's frames (e.g. the conv VAE)."}),
+            "images_b": ("IMAGE", {"tooltip": "Decoder B's frames of the same latent (e.g. the diffusion VAE)."}),
+            "label_a": ("STRING", {"default": "conv VAE", "tooltip": "Label burned into A's half."}),
+            "label_b": ("STRING", {"default": "diffusion VAE", "tooltip": "Label burned into B's half."}),
+            "layout": (["side_by_side", "stacked"], {"tooltip": "Halves left/right or top/bottom."}),
+            "resize_b": ("BOOLEAN", {"default": False, "tooltip": "Resize B to A's size instead of refusing a mismatch."}),
+        }, "optional": {
+            "stats_a": ("LTX25_DECODE_STATS", {"tooltip": "Decoder A's cost figures."}),
+            "stats_b": ("LTX25_DECODE_STATS", {"tooltip": "Decoder B's cost figures."}),
+        }}
+
+    def compare(self, images_a, images_b, label_a, label_b, layout, resize_b, stats_a=None, stats_b=None):
+        images_b = check_comparable(images_a, images_b, resize_b)
+        report = compare_report(images_a, images_b, (label_a, label_b), {"a": stats_a, "b": stats_b})
+        text = report_json(report)
+        return {"ui": {"text": [text], "ltx25_report": [report]},
+                "result": (side_by_side(images_a, images_b, label_a, label_b, layout), text)}
+
+
+NODE_CLASS_MAPPINGS = {"LTX25DecoderCompare": LTX25DecoderCompare}
+NODE_DISPLAY_NAME_MAPPINGS = {"LTX25DecoderCompare": "LTX-2.5 Decoder Compare (A/B)"}

@@ -1,0 +1,106 @@
+"""The decoder A/B: per-frame PSNR and SSIM between two decoded videos, a labelled side-by-side canvas, and the
+JSON report that goes with it. Frames are float [F, H, W, 3] in [0, 1]."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageDraw
+
+from .decode_stats import DecodeStats
+from .errors import LTX25Error
+
+SSIM_C1, SSIM_C2 = 0.01**2, 0.03**2  # Wang et al. 2004 with data range 1
+
+
+def psnr_per_frame(a: torch.Tensor, b: torch.Tensor) -> list[float]:
+    """+inf for identical frames."""
+    mse = ((a.double() - b.double()) ** 2).flatten(1).mean(1)
+    return [math.inf if m == 0 else 10 * math.log10(1.0 / float(m)) for m in mse]
+
+
+def _gaussian_window(size: int = 11, sigma: float = 1.5) -> torch.Tensor:
+    x = torch.arange(size, dtype=torch.float64) - size // 2
+    g = torch.exp(-(x**2) / (2 * sigma**2))
+    return g / g.sum()
+
+
+def ssim_per_frame(a: torch.Tensor, b: torch.Tensor) -> list[float]:
+    """Mean SSIM over channels with an 11×11 Gaussian window (σ 1.5), valid region only; 1.0 when identical."""
+    x, y = (t.double().permute(0, 3, 1, 2) for t in (a, b))  # [F, 3, H, W]
+    g = _gaussian_window((min(11, x.shape[-2], x.shape[-1]) - 1) // 2 * 2 + 1)  # odd, fits small frames
+    channels = x.shape[1]
+    kh = g.view(1, 1, -1, 1).repeat(channels, 1, 1, 1)
+    kw = g.view(1, 1, 1, -1).repeat(channels, 1, 1, 1)
+
+    def blur(t: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(F.conv2d(t, kh, groups=channels), kw, groups=channels)
+
+    mu_x, mu_y = blur(x), blur(y)
+    var_x = blur(x * x) - mu_x**2
+    var_y = blur(y * y) - mu_y**2
+    cov = blur(x * y) - mu_x * mu_y
+    ssim = ((2 * mu_x * mu_y + SSIM_C1) * (2 * cov + SSIM_C2)) / ((mu_x**2 + mu_y**2 + SSIM_C1) * (var_x + var_y + SSIM_C2))
+    return [float(v) for v in ssim.flatten(1).mean(1)]
+
+
+def check_comparable(a: torch.Tensor, b: torch.Tensor, resize: bool) -> torch.Tensor:
+    """B resized to A's size when asked; otherwise sizes and frame counts must match."""
+    for name, t in (("images_a", a), ("images_b", b)):
+        if t.ndim != 4 or t.shape[-1] != 3:
+            raise LTX25Error(name, "the image batch shape", tuple(t.shape), "[frames, height, width, 3]")
+    if a.shape[0] != b.shape[0]:
+        raise LTX25Error("images_b", "the frame count", b.shape[0], f"{a.shape[0]} like images_a",
+                         "Decode the same latent with both decoders.")
+    if a.shape[1:3] != b.shape[1:3]:
+        if not resize:
+            raise LTX25Error("images_b", "the frame size", f"{b.shape[2]}×{b.shape[1]}",
+                             f"{a.shape[2]}×{a.shape[1]} like images_a", "Set resize_b to true to compare anyway.")
+        b = F.interpolate(b.permute(0, 3, 1, 2), size=a.shape[1:3], mode="bilinear", align_corners=False,
+                          antialias=True).permute(0, 2, 3, 1).clamp(0, 1)
+    return b
+
+
+def _label(frames: np.ndarray, text: str) -> np.ndarray:
+    """Burn a label into the top-left corner of every frame ([F, H, W, 3] uint8)."""
+    stamp = Image.new("RGB", (8 + 7 * len(text), 18), (0, 0, 0))
+    ImageDraw.Draw(stamp).text((4, 3), text, fill=(255, 255, 255))
+    patch = np.asarray(stamp)[: frames.shape[1], : frames.shape[2]]
+    out = frames.copy()
+    out[:, : patch.shape[0], : patch.shape[1]] = patch
+    return out
+
+
+def side_by_side(a: torch.Tensor, b: torch.Tensor, label_a: str, label_b: str, layout: str) -> torch.Tensor:
+    """[F, H, W, 3] ×2 → [F, H, 2W, 3] ("side_by_side") or [F, 2H, W, 3] ("stacked"), each half labelled."""
+    halves = [_label((t.clamp(0, 1).numpy() * 255).round().astype(np.uint8), label)
+              for t, label in ((a, label_a), (b, label_b))]
+    canvas = np.concatenate(halves, axis=2 if layout == "side_by_side" else 1)
+    return torch.from_numpy(canvas).float() / 255.0
+
+
+def _finite(x: float) -> float | str:
+    return x if math.isfinite(x) else "inf"
+
+
+def compare_report(a: torch.Tensor, b: torch.Tensor, labels: tuple[str, str],
+                   stats: Mapping[str, DecodeStats | None]) -> dict:
+    """The A/B report: per-frame and mean PSNR/SSIM (B against A) plus each decoder's cost."""
+    psnr, ssim = psnr_per_frame(a, b), ssim_per_frame(a, b)
+    mean_psnr = math.inf if all(math.isinf(p) for p in psnr) else float(np.mean([min(p, 100.0) for p in psnr]))
+    decoders = {}
+    for label, s in zip(labels, stats.values()):
+        decoders[label] = None if s is None else {
+            "decoder": s.decoder, "seconds": round(s.seconds, 4), "peak_memory_gib": round(s.peak_memory_bytes / 2**30, 3),
+            "processor": s.processor, "steps": s.steps, "tiles": s.tile_count, "tile_sizes": [list(t) for t in s.tile_sizes]}
+    return {"frames": int(a.shape[0]), "size": [int(a.shape[2]), int(a.shape[1])],
+            "psnr_mean_db": _finite(mean_psnr), "ssim_mean": float(np.mean(ssim)),
+            "psnr_per_frame_db": [_finite(p) for p in psnr], "ssim_per_frame": ssim, "decoders": decoders}
+
+
+def report_json(report: dict) -> str:
+    return json.dumps(report, indent=2)

@@ -1,0 +1,74 @@
+"""The decoder A/B compare node: PSNR/SSIM figures, the labelled canvas and mismatch errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from nodes.compare import LTX25DecoderCompare
+from nodes.ltx.decode_stats import DecodeStats
+from nodes.ltx.errors import LTX25Error
+from nodes.ltx.image_compare import psnr_per_frame, ssim_per_frame
+
+
+def frames(seed: int = 0, n: int = 3, h: int = 32, w: int = 48) -> torch.Tensor:
+    return torch.rand(n, h, w, 3, generator=torch.Generator().manual_seed(seed))
+
+
+def run(a, b, **kw):
+    args = dict(label_a="conv", label_b="diffusion", layout="side_by_side", resize_b=False) | kw
+    return LTX25DecoderCompare().compare(a, b, **args)["result"]
+
+
+def test_identical_inputs_report_infinite_psnr_and_unit_ssim():
+    a = frames()
+    _canvas, text = run(a, a.clone())
+    report = json.loads(text)
+    assert report["psnr_mean_db"] == "inf" and abs(report["ssim_mean"] - 1.0) < 1e-12, report
+
+
+def test_perturbed_input_lowers_psnr_and_ssim_monotonically():
+    """More noise must mean lower figures, or the metrics measure nothing."""
+    a = frames()
+    g = torch.Generator().manual_seed(1)
+    small = (a + 0.01 * torch.randn(a.shape, generator=g)).clamp(0, 1)
+    large = (a + 0.1 * torch.randn(a.shape, generator=g)).clamp(0, 1)
+    p_small, p_large = json.loads(run(a, small)[1]), json.loads(run(a, large)[1])
+    assert 30 < p_small["psnr_mean_db"] < 60 and p_large["psnr_mean_db"] < p_small["psnr_mean_db"] - 10, (p_small["psnr_mean_db"], p_large["psnr_mean_db"])
+    assert p_large["ssim_mean"] < p_small["ssim_mean"] < 1.0
+
+
+def test_psnr_matches_its_closed_form():
+    a = torch.zeros(1, 4, 4, 3)
+    b = torch.full((1, 4, 4, 3), 0.1)
+    assert abs(psnr_per_frame(a, b)[0] - 20.0) < 1e-5  # 10·log10(1/0.01); 0.1 is not exact in float32
+    assert ssim_per_frame(a, a)[0] == pytest.approx(1.0)
+
+
+def test_canvas_layouts_and_labels():
+    a, b = frames(0), frames(1)
+    side, _ = run(a, b)
+    stacked, _ = run(a, b, layout="stacked")
+    assert side.shape == (3, 32, 96, 3) and stacked.shape == (3, 64, 48, 3)
+    torch.testing.assert_close(side[:, 20:, 60:], b[:, 20:, 12:], atol=1 / 255, rtol=0)
+    assert not torch.allclose(side[:, :10, :30], a[:, :10, :30], atol=1 / 255)  # the label is burned in
+
+
+def test_mismatched_frames_or_sizes_are_refused_unless_resize_is_asked():
+    with pytest.raises(LTX25Error, match="frame count"):
+        run(frames(n=3), frames(n=4))
+    with pytest.raises(LTX25Error, match="resize_b"):
+        run(frames(), frames(h=64, w=96))
+    _, text = run(frames(), frames(h=64, w=96), resize_b=True)
+    assert json.loads(text)["size"] == [48, 32]
+
+
+def test_report_carries_each_decoders_costs():
+    stats_a = DecodeStats("conv", 0.5, 2**30, 4, ((17, 64, 64),) * 4)
+    stats_b = DecodeStats("diffusion", 1.5, 3 * 2**30, 1, ((17, 128, 128),), processor="sdpa", steps=1)
+    out = LTX25DecoderCompare().compare(frames(), frames(2), "conv", "diffusion", "side_by_side", False, stats_a, stats_b)
+    report = json.loads(out["result"][1])
+    assert report["decoders"]["conv"]["tiles"] == 4 and report["decoders"]["diffusion"]["processor"] == "sdpa"
+    assert report["decoders"]["diffusion"]["peak_memory_gib"] == 3.0
+    assert out["ui"]["text"][0] == out["result"][1]
