@@ -72,3 +72,14 @@ def test_report_carries_each_decoders_costs():
     assert report["decoders"]["conv"]["tiles"] == 4 and report["decoders"]["diffusion"]["processor"] == "sdpa"
     assert report["decoders"]["diffusion"]["peak_memory_gib"] == 3.0
     assert out["ui"]["text"][0] == out["result"][1]
+
+
+def test_viewer_frames_are_written_for_both_sides(tmp_path):
+    """The canvas viewer reads A and B frames from the temp folder; same count on both sides."""
+    from nodes import comfy_bridge
+    comfy_bridge.set_output_dir(str(tmp_path))
+    out = LTX25DecoderCompare().compare(frames(n=30), frames(1, n=30), "a", "b", "side_by_side", False)
+    viewer = out["ui"]["ltx25_ab"][0]
+    assert len(viewer["frames_a"]) == len(viewer["frames_b"]) == 24
+    for entry in viewer["frames_a"] + viewer["frames_b"]:
+        assert (tmp_path / "temp" / entry["filename"]).is_file() and entry["type"] == "temp"

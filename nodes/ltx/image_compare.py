@@ -104,3 +104,20 @@ def compare_report(a: torch.Tensor, b: torch.Tensor, labels: tuple[str, str],
 
 def report_json(report: dict) -> str:
     return json.dumps(report, indent=2)
+
+
+def save_preview_frames(frames: torch.Tensor, folder: str, prefix: str, max_frames: int = 24) -> list[str]:
+    """Write up to `max_frames` evenly spaced frames as PNGs (for the canvas A/B viewer); their file names."""
+    import os
+    import uuid
+
+    os.makedirs(folder, exist_ok=True)
+    count = frames.shape[0]
+    picks = sorted({round(i * (count - 1) / max(1, max_frames - 1)) for i in range(min(count, max_frames))})
+    tag = uuid.uuid4().hex[:8]  # a fresh name per run, so the browser never shows a cached frame
+    names = []
+    for index in picks:
+        name = f"{prefix}_{tag}_{index:05d}.png"
+        Image.fromarray((frames[index].clamp(0, 1).numpy() * 255).round().astype(np.uint8)).save(os.path.join(folder, name))
+        names.append(name)
+    return names

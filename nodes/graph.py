@@ -1,0 +1,145 @@
+"""Workflow graphs without ComfyUI: UI-format (v0.4) → API-format conversion, ComfyUI-like validation, and
+dependency order. Used by the headless runner and the tests; inside ComfyUI the real executor does this.
+
+API format: `{node_id: {"class_type": str, "inputs": {name: value | [source_id, output_index]}, "_meta": {...}}}`.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")
+
+
+class GraphError(ValueError):
+    """A graph ComfyUI would refuse: names the node, its class and the input."""
+
+    def __init__(self, node_id: str, class_type: str, input_name: str | None, message: str) -> None:
+        where = f"node {node_id} ({class_type})" + (f" input {input_name!r}" if input_name else "")
+        super().__init__(f"{where}: {message}")
+        self.node_id, self.class_type, self.input_name = node_id, class_type, input_name
+
+
+def input_specs(node_class: type) -> dict[str, tuple[Any, dict, bool]]:
+    """name → (type or combo list, options, required) in INPUT_TYPES order (required first)."""
+    types = node_class.INPUT_TYPES()
+    specs = {}
+    for section, required in (("required", True), ("optional", False)):
+        for name, spec in types.get(section, {}).items():
+            specs[name] = (spec[0], spec[1] if len(spec) > 1 else {}, required)
+    return specs
+
+
+def is_widget(kind: Any) -> bool:
+    return isinstance(kind, list) or kind in WIDGET_TYPES
+
+
+def ui_to_api(workflow: Mapping[str, Any], classes: Mapping[str, type]) -> dict[str, dict]:
+    """Convert a UI workflow (what the canvas saves) to the API prompt the canvas would queue.
+
+    Widgets map positionally onto the widget inputs in INPUT_TYPES order; the UI-only value that follows a
+    `control_after_generate` INT (e.g. "fixed") is skipped; links become [source_id, slot]; muted (mode 2) nodes
+    and notes are left out; bypassed (mode 4) nodes are refused since the runner has no pass-through.
+    """
+    links = {link[0]: link for link in workflow.get("links", [])}
+    prompt: dict[str, dict] = {}
+    for node in workflow["nodes"]:
+        class_type = node["type"]
+        if node.get("mode", 0) == 2 or class_type in ("Note", "MarkdownNote"):
+            continue
+        node_id = str(node["id"])
+        if node.get("mode", 0) == 4:
+            raise GraphError(node_id, class_type, None, "bypassed nodes are not supported by the headless runner")
+        if class_type not in classes:
+            raise GraphError(node_id, class_type, None, "unknown node class (is the pack installed?)")
+        inputs: dict[str, Any] = {}
+        linked = {i["name"]: i.get("link") for i in node.get("inputs", [])}
+        values = list(node.get("widgets_values", []))
+        for name, (kind, options, _required) in input_specs(classes[class_type]).items():
+            if is_widget(kind) and linked.get(name) is None:
+                if not values:
+                    break
+                inputs[name] = values.pop(0)
+                if options.get("control_after_generate") and values and values[0] in ("fixed", "randomize", "increment", "decrement"):
+                    values.pop(0)
+            if linked.get(name) is not None:
+                link = links[linked[name]]
+                inputs[name] = [str(link[1]), link[2]]
+        entry = {"class_type": class_type, "inputs": inputs}
+        if node.get("title"):
+            entry["_meta"] = {"title": node["title"]}
+        prompt[node_id] = entry
+    return prompt
+
+
+def validate(prompt: Mapping[str, dict], classes: Mapping[str, type]) -> None:
+    """Raise GraphError for: unknown class, missing required input, dangling link, wrong link type, bad combo
+    value, out-of-range number, wrong widget type."""
+    for node_id, node in prompt.items():
+        class_type = node.get("class_type")
+        if class_type not in classes:
+            raise GraphError(node_id, str(class_type), None, "unknown node class")
+        given = node.get("inputs", {})
+        for name, (kind, options, required) in input_specs(classes[class_type]).items():
+            if name not in given:
+                if required:
+                    raise GraphError(node_id, class_type, name, "required input missing")
+                continue
+            value = given[name]
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
+                _check_link(prompt, classes, node_id, class_type, name, kind, value)
+            else:
+                _check_widget(node_id, class_type, name, kind, options, value)
+
+
+def _check_link(prompt, classes, node_id, class_type, name, kind, link) -> None:
+    source_id, slot = link
+    if source_id not in prompt:
+        raise GraphError(node_id, class_type, name, f"linked to missing node {source_id}")
+    source_class = classes[prompt[source_id]["class_type"]]
+    outputs = source_class.RETURN_TYPES
+    if not 0 <= slot < len(outputs):
+        raise GraphError(node_id, class_type, name, f"linked to output {slot} of node {source_id}, which has {len(outputs)}")
+    produced = outputs[slot]
+    wanted = "COMBO" if isinstance(kind, list) else kind
+    if produced != wanted and "*" not in (produced, wanted):
+        raise GraphError(node_id, class_type, name, f"return type mismatch: node {source_id} gives {produced}, "
+                                                    f"input takes {wanted}")
+
+
+def _check_widget(node_id, class_type, name, kind, options, value) -> None:
+    if isinstance(kind, list):
+        if value not in kind:
+            shown = ", ".join(map(repr, kind[:8])) + (" …" if len(kind) > 8 else "")
+            raise GraphError(node_id, class_type, name, f"value {value!r} not in the list [{shown}]")
+        return
+    python_types = {"INT": (int,), "FLOAT": (int, float), "STRING": (str,), "BOOLEAN": (bool,)}.get(kind)
+    if python_types is None:
+        raise GraphError(node_id, class_type, name, f"takes a link of type {kind}, got a constant {value!r}")
+    if not isinstance(value, python_types) or (kind in ("INT", "FLOAT") and isinstance(value, bool)):
+        raise GraphError(node_id, class_type, name, f"value {value!r} is not {kind}")
+    if "min" in options and value < options["min"]:
+        raise GraphError(node_id, class_type, name, f"value {value} below the minimum {options['min']}")
+    if "max" in options and value > options["max"]:
+        raise GraphError(node_id, class_type, name, f"value {value} above the maximum {options['max']}")
+
+
+def execution_order(prompt: Mapping[str, dict]) -> list[str]:
+    """Dependencies first; ties in node-id order (stable, like a user reads the graph)."""
+    order: list[str] = []
+    state: dict[str, int] = {}
+
+    def visit(node_id: str) -> None:
+        if state.get(node_id) == 2:
+            return
+        if state.get(node_id) == 1:
+            raise GraphError(node_id, prompt[node_id]["class_type"], None, "is part of a cycle")
+        state[node_id] = 1
+        for value in prompt[node_id].get("inputs", {}).values():
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
+                visit(value[0])
+        state[node_id] = 2
+        order.append(node_id)
+
+    for node_id in sorted(prompt, key=lambda i: (len(i), i)):
+        visit(node_id)
+    return order
