@@ -21,10 +21,10 @@ from .graph import GraphError, execution_order, ui_to_api, validate
 from .ltx.errors import LTX25Error
 
 
-def load_prompt(path: str, classes: Mapping[str, type] = NODE_CLASS_MAPPINGS) -> dict[str, dict]:
+def load_prompt(path: str, classes: Mapping[str, type] | None = None) -> dict[str, dict]:
     with open(path, encoding="utf-8") as f:
         workflow = json.load(f)
-    return ui_to_api(workflow, classes) if "nodes" in workflow and "links" in workflow else workflow
+    return ui_to_api(workflow, classes or NODE_CLASS_MAPPINGS) if "nodes" in workflow and "links" in workflow else workflow
 
 
 def apply_overrides(prompt: dict[str, dict], overrides: list[str]) -> None:
@@ -42,9 +42,10 @@ def apply_overrides(prompt: dict[str, dict], overrides: list[str]) -> None:
         prompt[node_id]["inputs"][name] = value
 
 
-def execute(prompt: Mapping[str, dict], classes: Mapping[str, type] = NODE_CLASS_MAPPINGS) -> dict[str, Any]:
+def execute(prompt: Mapping[str, dict], classes: Mapping[str, type] | None = None) -> dict[str, Any]:
     """Validate, then run every node in dependency order inside inference mode (as ComfyUI's executor does).
     Returns {"outputs": {node_id: raw output tuple}, "ui": {node_id: ui dict}, "seconds": {node_id: s}}."""
+    classes = classes or NODE_CLASS_MAPPINGS
     validate(prompt, classes)
     outputs: dict[str, tuple] = {}
     ui: dict[str, dict] = {}

@@ -1,0 +1,104 @@
+"""The headless runner's graph handling: UI→API conversion, ComfyUI-like validation errors that name the node and
+input, dependency order and execution — on small stand-in node classes so the rules are pinned without models."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nodes import run
+from nodes.graph import GraphError, execution_order, ui_to_api, validate
+
+
+class MakeNumber:
+    RETURN_TYPES = ("NUMBER",)
+    FUNCTION = "make"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"default": 1, "min": 0, "max": 10}),
+                             "seed": ("INT", {"default": 0, "control_after_generate": True}),
+                             "mode": (["add", "mul"],)}}
+
+    def make(self, value, seed, mode):
+        return (value + seed if mode == "add" else value * seed,)
+
+
+class Show:
+    RETURN_TYPES = ("STRING",)
+    OUTPUT_NODE = True
+    FUNCTION = "show"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"number": ("NUMBER",)}, "optional": {"suffix": ("STRING", {"default": ""})}}
+
+    def show(self, number, suffix=""):
+        return {"ui": {"text": [f"{number}{suffix}"]}, "result": (f"{number}{suffix}",)}
+
+
+CLASSES = {"MakeNumber": MakeNumber, "Show": Show}
+
+UI = {"version": 0.4, "last_node_id": 3, "last_link_id": 1, "links": [[1, 1, 0, 2, 0, "NUMBER"]], "nodes": [
+    {"id": 1, "type": "MakeNumber", "mode": 0, "inputs": [], "outputs": [{"name": "NUMBER", "type": "NUMBER", "links": [1]}],
+     "widgets_values": [3, 4, "fixed", "mul"], "title": "numbers"},
+    {"id": 2, "type": "Show", "mode": 0, "inputs": [{"name": "number", "type": "NUMBER", "link": 1}],
+     "widgets_values": ["!"]},
+    {"id": 3, "type": "Note", "mode": 0, "widgets_values": ["a note for the user"]},
+]}
+API = {"1": {"class_type": "MakeNumber", "inputs": {"value": 3, "seed": 4, "mode": "mul"}, "_meta": {"title": "numbers"}},
+       "2": {"class_type": "Show", "inputs": {"number": ["1", 0], "suffix": "!"}}}
+
+
+def test_ui_to_api_maps_widgets_skips_control_values_and_notes():
+    """The 'fixed' after a seed is UI-only; notes never reach the prompt."""
+    assert ui_to_api(UI, CLASSES) == API
+
+
+def test_runner_executes_in_dependency_order_and_collects_ui():
+    result = run.execute(API, CLASSES)
+    assert result["outputs"]["2"] == ("12!",) and result["ui"]["2"] == {"text": ["12!"]}
+    assert execution_order({"b": API["2"] | {"inputs": {"number": ["a", 0]}}, "a": API["1"]}) == ["a", "b"]
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda p: p["1"].update(class_type="Nope"), "node 1 (Nope): unknown node class"),
+    (lambda p: p["1"]["inputs"].pop("mode"), "node 1 (MakeNumber) input 'mode': required input missing"),
+    (lambda p: p["1"]["inputs"].update(mode="div"), "input 'mode': value 'div' not in the list"),
+    (lambda p: p["1"]["inputs"].update(value=11), "input 'value': value 11 above the maximum 10"),
+    (lambda p: p["1"]["inputs"].update(value="3"), "input 'value': value '3' is not INT"),
+    (lambda p: p["2"]["inputs"].update(number=["9", 0]), "input 'number': linked to missing node 9"),
+    (lambda p: p["2"]["inputs"].update(number=["2", 0]), "return type mismatch: node 2 gives STRING"),
+    (lambda p: p["2"]["inputs"].update(number=5), "takes a link of type NUMBER"),
+])
+def test_validation_errors_name_node_and_input(mutate, message):
+    prompt = json.loads(json.dumps(API))
+    mutate(prompt)
+    with pytest.raises(GraphError) as e:
+        validate(prompt, CLASSES)
+    assert message in str(e.value)
+
+
+def test_cycle_is_refused():
+    prompt = {"1": {"class_type": "Show", "inputs": {"number": ["2", 0]}},
+              "2": {"class_type": "Show", "inputs": {"number": ["1", 0]}}}
+    with pytest.raises(GraphError, match="cycle"):
+        execution_order(prompt)
+
+
+def test_cli_exits_nonzero_with_the_error_on_stderr(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(run, "NODE_CLASS_MAPPINGS", CLASSES)
+    bad = json.loads(json.dumps(API))
+    del bad["2"]["inputs"]["number"]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    assert run.main([str(path), "--models", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "required input missing" in capsys.readouterr().err
+
+
+def test_set_overrides_parse_json_and_strings():
+    prompt = json.loads(json.dumps(API))
+    run.apply_overrides(prompt, ["1.value=7", "2.suffix=hello world"])
+    assert prompt["1"]["inputs"]["value"] == 7 and prompt["2"]["inputs"]["suffix"] == "hello world"
+    with pytest.raises(GraphError):
+        run.apply_overrides(prompt, ["9.value=1"])
