@@ -1,0 +1,117 @@
+"""Latent geometry of LTX-2.5 (ltx25.md §6): pure functions of plain numbers, and the checks that turn a bad size
+into an error naming the node input.
+
+Video latent `[B, 128, F', H/32, W/32]` with `F' = (F - 1)/8 + 1` (F = 8k + 1 pixel frames: the first latent frame
+encodes one frame, every later one eight). Audio latent `[B, 8, T, 16]` with `T = round(F / fps · 25)`: the audio VAE
+makes 25 latents per second (16 kHz / hop 160 / 4), and the reference rounds, it does not ceil (§13 item 16).
+
+Two-stage generation (stage 1 at half size → x2 latent upsampler → stage 2 at full size) needs the FINAL width and
+height to be multiples of 64, so that the half-size stage-1 video is still a whole number of 32-px latent cells.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from .errors import LTX25Error
+
+VIDEO_CHANNELS = 128
+AUDIO_CHANNELS = 8
+AUDIO_BINS = 16
+SPATIAL_COMPRESSION = 32
+TEMPORAL_COMPRESSION = 8
+AUDIO_LATENTS_PER_SECOND = 25  # 16000 Hz / hop 160 / 4 mel frames per latent
+UPSAMPLE_FACTOR = 2            # the shipped spatial upscaler between the two stages
+
+
+def check_video_size(width: int, height: int, frames: int, two_stage: bool = False,
+                     where: str = "LTX25EmptyLatent") -> None:
+    """Refuse a width/height/frame count the VAE grid cannot represent; `where` prefixes the input name."""
+    multiple = SPATIAL_COMPRESSION * (UPSAMPLE_FACTOR if two_stage else 1)
+    why = (f" (two_stage: stage 1 runs at half size, which must still be a multiple of {SPATIAL_COMPRESSION})"
+           if two_stage else f" (one latent cell is {SPATIAL_COMPRESSION}×{SPATIAL_COMPRESSION} px)")
+    for name, value in (("width", width), ("height", height)):
+        if int(value) != value or value < multiple or value % multiple:
+            lower = max(multiple, int(value) // multiple * multiple)
+            raise LTX25Error(f"{where}.{name}", name, value, f"a positive multiple of {multiple}{why}",
+                             f"Try {lower} or {lower + multiple}.")
+    if int(frames) != frames or frames < 1 or (frames - 1) % TEMPORAL_COMPRESSION:
+        lower = max(1, (int(frames) - 1) // TEMPORAL_COMPRESSION * TEMPORAL_COMPRESSION + 1)
+        raise LTX25Error(f"{where}.frames", "frames", frames, "8k + 1 (1, 9, 17, …, 121, …)",
+                         f"The video VAE packs 8 frames per latent after the first; try {lower} or "
+                         f"{lower + TEMPORAL_COMPRESSION}.")
+
+
+def check_fps_batch(fps: float, batch: int, where: str = "LTX25EmptyLatent") -> None:
+    if not fps > 0:
+        raise LTX25Error(f"{where}.fps", "fps", fps, "a frame rate > 0")
+    if int(batch) != batch or batch < 1:
+        raise LTX25Error(f"{where}.batch", "batch", batch, "an integer ≥ 1")
+
+
+def latent_frames(frames: int) -> int:
+    """Pixel frames (8k + 1) → latent frames (k + 1)."""
+    return (frames - 1) // TEMPORAL_COMPRESSION + 1
+
+
+def pixel_frames(latent_frames_: int) -> int:
+    """Latent frames → pixel frames the decoder produces (the inverse of `latent_frames`)."""
+    return (latent_frames_ - 1) * TEMPORAL_COMPRESSION + 1
+
+
+def video_latent_shape(width: int, height: int, frames: int, batch: int = 1) -> tuple[int, int, int, int, int]:
+    """`[B, 128, F', H/32, W/32]` for a video of `frames` × `height` × `width` pixels (sizes already checked)."""
+    return (batch, VIDEO_CHANNELS, latent_frames(frames), height // SPATIAL_COMPRESSION, width // SPATIAL_COMPRESSION)
+
+
+def audio_latent_frames(frames: int, fps: float) -> int:
+    """`round(frames / fps · 25)` — `round`, not `ceil` (ltx25.md §6; 121 f @ 24 fps → 126)."""
+    return round(frames / fps * AUDIO_LATENTS_PER_SECOND)
+
+
+def audio_latent_shape(frames: int, fps: float, batch: int = 1) -> tuple[int, int, int, int]:
+    """`[B, 8, T, 16]` for `frames` pixel frames at `fps`."""
+    return (batch, AUDIO_CHANNELS, audio_latent_frames(frames, fps), AUDIO_BINS)
+
+
+def empty_latent_shapes(width: int, height: int, frames: int, fps: float, batch: int = 1, two_stage: bool = True,
+                        where: str = "LTX25EmptyLatent") -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(video shape, audio shape) of the latents sampling starts from, after validating every input.
+
+    `width`/`height` are the FINAL output size. With `two_stage` the video latent is the half-size stage-1 latent
+    (the upsampler doubles it before stage 2), so `1536×1024 → [B,128,F',16,24]`; without it, the full size.
+    """
+    check_video_size(width, height, frames, two_stage, where)
+    check_fps_batch(fps, batch, where)
+    scale = UPSAMPLE_FACTOR if two_stage else 1
+    return (video_latent_shape(width // scale, height // scale, frames, batch), audio_latent_shape(frames, fps, batch))
+
+
+def check_latent_pair(video: torch.Tensor, audio: torch.Tensor, fps: float, where: str) -> None:
+    """A video latent `[B,128,F',H',W']` and an audio latent `[B,8,T,16]` that belong to the same clip at `fps`."""
+    if video.ndim != 5 or video.shape[1] != VIDEO_CHANNELS:
+        raise LTX25Error(f"{where}.video_latent", "the video latent shape", list(video.shape),
+                         f"[B, {VIDEO_CHANNELS}, F', H', W']", "Connect a video latent from LTX-2.5 Empty Latent.")
+    if audio.ndim != 4 or audio.shape[1] != AUDIO_CHANNELS or audio.shape[3] != AUDIO_BINS:
+        raise LTX25Error(f"{where}.audio_latent", "the audio latent shape", list(audio.shape),
+                         f"[B, {AUDIO_CHANNELS}, T, {AUDIO_BINS}]", "Connect the audio latent from LTX-2.5 Empty Latent.")
+    if audio.shape[0] != video.shape[0]:
+        raise LTX25Error(f"{where}.audio_latent", "the audio batch size", audio.shape[0],
+                         f"{video.shape[0]} (the video latent's)", "Both latents must come from the same Empty Latent.")
+    want = audio_latent_frames(pixel_frames(video.shape[2]), fps)
+    if audio.shape[2] != want:
+        raise LTX25Error(f"{where}.audio_latent", "the audio latent length", audio.shape[2],
+                         f"{want} for {pixel_frames(video.shape[2])} frames at {fps} fps",
+                         "The audio and video latents belong to different clips or frame rates.")
+
+
+def frame_rate(latent: Mapping, where: str) -> float:
+    """The `frame_rate` LTX-2.5 Empty Latent stores in a LATENT dict (the DiT's time positions are in seconds)."""
+    fps = latent.get("frame_rate")
+    if fps is None:
+        raise LTX25Error(where, "the latent's 'frame_rate'", "missing", "the fps stored by LTX-2.5 Empty Latent",
+                         "Start from LTX-2.5 Empty Latent: the model needs the frame rate of the clip.")
+    if not float(fps) > 0:
+        raise LTX25Error(where, "the latent's 'frame_rate'", fps, "a frame rate > 0")
+    return float(fps)

@@ -1,0 +1,77 @@
+"""Latent geometry (ltx25.md §6) and the Empty Latent node: shapes, and bad sizes refused naming the node input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nodes.ltx import latents
+from nodes.ltx.errors import LTX25Error
+from nodes.sampling import LTX25EmptyLatent
+
+
+def test_reference_example_shapes():
+    """768×512, 121 frames, 24 fps → stage-1 [1,128,16,8,12], stage-2 [1,128,16,16,24], audio [1,8,126,16]
+    (the §6 example); a wrong compression factor or frame formula breaks it."""
+    assert latents.video_latent_shape(384, 256, 121, 1) == (1, 128, 16, 8, 12)
+    assert latents.video_latent_shape(768, 512, 121, 1) == (1, 128, 16, 16, 24)
+    assert latents.audio_latent_shape(121, 24.0, 1) == (1, 8, 126, 16)
+
+
+def test_audio_length_rounds_instead_of_ceiling():
+    """T = round(F/fps·25): 9 frames at 24 fps is 9.375 → 9 (ceil would give 10, off by one latent of audio)."""
+    assert latents.audio_latent_frames(9, 24.0) == 9
+    assert latents.audio_latent_frames(17, 24.0) == 18  # 17.708 rounds up
+
+
+def test_two_stage_empty_latent_is_half_size():
+    """With two_stage the width/height are the final size and the video latent is the half-size stage-1 latent."""
+    video, audio = latents.empty_latent_shapes(768, 512, 121, 24.0, 2, two_stage=True)
+    assert video == (2, 128, 16, 8, 12) and audio == (2, 8, 126, 16)
+    video, _ = latents.empty_latent_shapes(768, 512, 121, 24.0, 1, two_stage=False)
+    assert video == (1, 128, 16, 16, 24)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(width=100, height=512, frames=121), "width"),
+    (dict(width=768, height=500, frames=121), "height"),
+    (dict(width=768, height=512, frames=120), "frames"),
+    (dict(width=768, height=512, frames=0), "frames"),
+    (dict(width=768, height=512, frames=121, fps=0.0), "fps"),
+    (dict(width=768, height=512, frames=121, batch=0), "batch"),
+    (dict(width=736, height=512, frames=121, two_stage=True), "width"),   # 32k but not 64k
+])
+def test_bad_sizes_name_the_input(kwargs, name):
+    """Each invalid input raises LTX25Error whose location is `LTX25EmptyLatent.<input>`; a generic error or one
+    naming the wrong input leaves the user guessing."""
+    args = dict(fps=24.0, batch=1, two_stage=False) | kwargs
+    with pytest.raises(LTX25Error) as info:
+        latents.empty_latent_shapes(**args)
+    assert info.value.where == f"LTX25EmptyLatent.{name}", str(info.value)
+
+
+def test_single_stage_accepts_multiples_of_32():
+    """Without two_stage, 736 (= 23·32) is a valid width; only two_stage needs multiples of 64."""
+    assert latents.empty_latent_shapes(736, 480, 9, 24.0, 1, two_stage=False)[0] == (1, 128, 2, 15, 23)
+
+
+def test_empty_latent_node_outputs():
+    """The node returns zero latents with frame_rate (the sampler reads it) and the audio LATENT marked 'audio'."""
+    video, audio = LTX25EmptyLatent().make(768, 512, 121, 24.0, 1, True)
+    assert video["samples"].shape == (1, 128, 16, 8, 12) and video["frame_rate"] == 24.0
+    assert audio["samples"].shape == (1, 8, 126, 16) and audio["type"] == "audio" and audio["frame_rate"] == 24.0
+    assert not video["samples"].any() and not audio["samples"].any()
+
+
+def test_mismatched_latent_pair_refused():
+    """An audio latent from a different clip length (or fps) is refused before sampling, naming the input."""
+    video = torch.zeros(1, 128, 2, 2, 2)
+    with pytest.raises(LTX25Error) as info:
+        latents.check_latent_pair(video, torch.zeros(1, 8, 5, 16), 24.0, "LTX25DistilledSampler")
+    assert info.value.where == "LTX25DistilledSampler.audio_latent", str(info.value)
+    latents.check_latent_pair(video, torch.zeros(1, 8, 9, 16), 24.0, "LTX25DistilledSampler")
+
+
+def test_missing_frame_rate_refused():
+    """A LATENT without 'frame_rate' (e.g. from a core node) is refused with a hint to use Empty Latent."""
+    with pytest.raises(LTX25Error, match="frame_rate"):
+        latents.frame_rate({"samples": torch.zeros(1)}, "LTX25DistilledSampler.video_latent")
