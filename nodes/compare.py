@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from . import comfy_bridge as bridge
-from .ltx.image_compare import check_comparable, compare_report, report_json, save_preview_frames, side_by_side
+from .ltx.image_compare import (check_comparable, compare_report, preview_frame_indices, report_json,
+                                save_preview_frames, side_by_side)
 
 
 class LTX25DecoderCompare:
@@ -33,11 +34,12 @@ class LTX25DecoderCompare:
         images_b = check_comparable(images_a, images_b, resize_b)
         report = compare_report(images_a, images_b, (label_a, label_b), {"a": stats_a, "b": stats_b})
         text = report_json(report)
-        folder = bridge.temp_dir()
+        folder, picks = bridge.temp_dir(), preview_frame_indices(images_a.shape[0])
         frames = {side: [{"filename": name, "subfolder": "", "type": "temp"}
-                         for name in save_preview_frames(images, folder, f"ltx25_ab_{side}")]
+                         for name in save_preview_frames(images, folder, f"ltx25_ab_{side}", picks)]
                   for side, images in (("a", images_a), ("b", images_b))}
-        viewer = {"frames_a": frames["a"], "frames_b": frames["b"], "label_a": label_a, "label_b": label_b}
+        viewer = {"frames_a": frames["a"], "frames_b": frames["b"], "frame_indices": picks,
+                  "label_a": label_a, "label_b": label_b}
         return {"ui": {"text": [text], "ltx25_report": [report], "ltx25_ab": [viewer]},
                 "result": (side_by_side(images_a, images_b, label_a, label_b, layout), text)}
 

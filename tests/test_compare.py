@@ -80,6 +80,19 @@ def test_viewer_frames_are_written_for_both_sides(tmp_path):
     comfy_bridge.set_output_dir(str(tmp_path))
     out = LTX25DecoderCompare().compare(frames(n=30), frames(1, n=30), "a", "b", "side_by_side", False)
     viewer = out["ui"]["ltx25_ab"][0]
-    assert len(viewer["frames_a"]) == len(viewer["frames_b"]) == 24
+    assert len(viewer["frames_a"]) == len(viewer["frames_b"]) == len(viewer["frame_indices"]) == 24
     for entry in viewer["frames_a"] + viewer["frames_b"]:
         assert (tmp_path / "temp" / entry["filename"]).is_file() and entry["type"] == "temp"
+
+
+def test_short_videos_preview_every_frame_and_long_ones_a_spread():
+    """3 frames → all 3; 121 → 24 spread over the whole clip, first and last included."""
+    from nodes.ltx.image_compare import preview_frame_indices
+    assert preview_frame_indices(3) == [0, 1, 2]
+    long = preview_frame_indices(121)
+    assert len(long) == 24 and long[0] == 0 and long[-1] == 120
+
+
+def test_equal_labels_are_refused():
+    with pytest.raises(LTX25Error, match="label_b"):
+        run(frames(), frames(1), label_a="x", label_b="x")

@@ -93,6 +93,9 @@ def compare_report(a: torch.Tensor, b: torch.Tensor, labels: tuple[str, str],
     psnr, ssim = psnr_per_frame(a, b), ssim_per_frame(a, b)
     mean_psnr = math.inf if all(math.isinf(p) for p in psnr) else float(np.mean([min(p, 100.0) for p in psnr]))
     decoders = {}
+    if labels[0] == labels[1]:
+        raise LTX25Error("label_b", "the label", repr(labels[1]), "different from label_a",
+                         "The report keys each decoder by its label.")
     for label, s in zip(labels, stats.values()):
         decoders[label] = None if s is None else {
             "decoder": s.decoder, "seconds": round(s.seconds, 4), "peak_memory_gib": round(s.peak_memory_bytes / 2**30, 3),
@@ -106,14 +109,18 @@ def report_json(report: dict) -> str:
     return json.dumps(report, indent=2)
 
 
-def save_preview_frames(frames: torch.Tensor, folder: str, prefix: str, max_frames: int = 24) -> list[str]:
-    """Write up to `max_frames` evenly spaced frames as PNGs (for the canvas A/B viewer); their file names."""
+def preview_frame_indices(count: int, max_frames: int = 24) -> list[int]:
+    """Up to `max_frames` evenly spaced frame indices, first and last included."""
+    shown = min(count, max_frames)
+    return sorted({round(i * (count - 1) / max(1, shown - 1)) for i in range(shown)})
+
+
+def save_preview_frames(frames: torch.Tensor, folder: str, prefix: str, picks: list[int]) -> list[str]:
+    """Write the frames at `picks` as PNGs (for the canvas A/B viewer); their file names."""
     import os
     import uuid
 
     os.makedirs(folder, exist_ok=True)
-    count = frames.shape[0]
-    picks = sorted({round(i * (count - 1) / max(1, max_frames - 1)) for i in range(min(count, max_frames))})
     tag = uuid.uuid4().hex[:8]  # a fresh name per run, so the browser never shows a cached frame
     names = []
     for index in picks:
