@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 from typing import Callable
 
 import torch
@@ -134,7 +135,13 @@ class StandalonePatcher:
             self.model.to(self.offload_device)
 
 
-_standalone_loaded: list[StandalonePatcher] = []
+# Weak references, like ComfyUI's LoadedModel: a model whose last user dropped it must not be kept alive here.
+_standalone_loaded: list[weakref.ref] = []
+
+
+def _standalone_live() -> list[StandalonePatcher]:
+    _standalone_loaded[:] = [ref for ref in _standalone_loaded if ref() is not None]
+    return [ref() for ref in _standalone_loaded]
 
 
 def make_patcher(module: torch.nn.Module):
@@ -152,17 +159,18 @@ def load_models(patchers: list, memory_required: int = 0) -> None:
         _mm.load_models_gpu(patchers, memory_required=memory_required, force_full_load=True)
         return
     needed = memory_required + sum(p.model_size() for p in patchers if not p.is_loaded())
-    for other in list(_standalone_loaded):
+    for other in _standalone_live():
         if other in patchers or free_device_memory() >= needed:
             continue
         other.unload()
-        _standalone_loaded.remove(other)
+        _standalone_loaded.remove(next(ref for ref in _standalone_loaded if ref() is other))
     empty_cache()
+    live = _standalone_live()
     for p in patchers:
         if not p.is_loaded():
             p.model.to(p.load_device)
-        if p not in _standalone_loaded:
-            _standalone_loaded.append(p)
+        if p not in live:
+            _standalone_loaded.append(weakref.ref(p))
 
 
 def unload_model(patcher) -> None:
@@ -175,13 +183,12 @@ def unload_model(patcher) -> None:
         _mm.cleanup_models_gc()
     else:
         patcher.unload()
-        if patcher in _standalone_loaded:
-            _standalone_loaded.remove(patcher)
+        _standalone_loaded[:] = [ref for ref in _standalone_loaded if ref() not in (None, patcher)]
     empty_cache()
 
 
 def loaded_model_count() -> int:
-    return len(_mm.current_loaded_models) if HAS_COMFY else len(_standalone_loaded)
+    return len(_mm.current_loaded_models) if HAS_COMFY else len(_standalone_live())
 
 
 # ---------------------------------------------------------------------------------------------------- files

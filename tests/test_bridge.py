@@ -1,0 +1,66 @@
+"""The standalone model manager (no ComfyUI): evicts other models when a phase needs the room, and never keeps a
+model alive after its last user dropped it."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import torch
+
+from nodes import comfy_bridge as bridge
+
+
+class FakePatcher:
+    """A patcher whose 'device' is a flag, so eviction can be observed on a CPU-only machine."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.on_device, self.model = size, False, self
+        self.load_device = "fake"
+
+    def model_size(self) -> int:
+        return self.size
+
+    def is_loaded(self) -> bool:
+        return self.on_device
+
+    def unload(self) -> None:
+        self.on_device = False
+
+    def to(self, _device) -> None:
+        self.on_device = True
+
+
+def test_loading_a_decoder_evicts_the_transformer_when_memory_is_short(monkeypatch):
+    """A 10-unit card holding an 8-unit transformer: a 4-unit decoder evicts it; with room to spare nothing moves."""
+    transformer, decoder = FakePatcher(8), FakePatcher(4)
+    capacity = 10
+    monkeypatch.setattr(bridge, "free_device_memory",
+                        lambda device=None: capacity - sum(p.size for p in bridge._standalone_live() if p.on_device))
+    bridge.load_models([transformer])
+    assert transformer.on_device and bridge.loaded_model_count() >= 1
+    bridge.load_models([decoder], memory_required=1)
+    assert decoder.on_device and not transformer.on_device, "the transformer should have been evicted"
+    capacity = 100
+    bridge.load_models([transformer])
+    assert transformer.on_device and decoder.on_device, "nothing needs evicting when memory is ample"
+
+
+def test_dropped_models_are_not_kept_alive_by_the_manager():
+    patcher = bridge.make_patcher(torch.nn.Linear(4, 4))
+    bridge.load_models([patcher])
+    ref = weakref.ref(patcher)
+    del patcher
+    gc.collect()
+    assert ref() is None
+
+
+def test_interrupt_raises_the_bridge_exception_once():
+    bridge.request_interrupt()
+    on_step = bridge.step_callback(3, "test")
+    try:
+        on_step(1, 3)
+    except bridge.InterruptError:
+        pass
+    else:
+        raise AssertionError("the interrupt was not raised")
+    on_step(2, 3)  # the flag is consumed
