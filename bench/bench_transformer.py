@@ -1,0 +1,272 @@
+"""LTX-2.5 DiT step time at the real shapes, random bf16 weights, one GPU.
+
+    python bench/bench_transformer.py            # the 22B config on CUDA (weights built on the GPU: no host copy)
+    python bench/bench_transformer.py --smoke    # tiny config on the CPU, to check the script
+
+Per stage (stage 1: video [1,128,16,8,12] + audio [1,8,126,16]; stage 2: [1,128,16,16,24] + audio), side by side
+in one run on the same weights and inputs:
+- `ours`: `nodes.ltx.transformer.denoise` (eager diffusers blocks, cached positions, [B,1] timesteps);
+- `diffusers`: a plain `LTX2VideoTransformer3DModel` forward as diffusers' LTX-2 pipeline calls it (its own coords,
+  an all-ones text mask, per-sample timesteps) plus the x0 arithmetic;
+- `graphed`: ours with the whole DiT forward captured in one CUDA graph per shape (static buffers; the host no
+  longer issues ~15k kernel launches per step);
+- `compiled`: ours with `torch.compile` on each transformer block (diffusers' regional compilation);
+- `compiled_graphed`: both.
+Reports the median seconds of `--runs` runs, max |x0 − x0_ours_eager| of each variant, FLOPs of one step (torch's
+FlopCounterMode) and the fraction of `--peak-tflops` (bf16 dense), peak memory, and the whole 8 + 3 step distilled
+sampling (denoiser calls + Euler updates) for every variant. Prints one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from nodes.ltx import transformer as T  # noqa: E402
+from nodes.ltx.conditioning import Conditioning  # noqa: E402
+from nodes.ltx.positions import (first_frame_keyframes_mask, patchify_audio, patchify_video,  # noqa: E402
+                                 unpatchify_audio, unpatchify_video)
+
+STAGE1_SIGMAS = (1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875, 0.0)  # ltx25.md §7
+STAGE2_SIGMAS = (0.909375, 0.725, 0.421875, 0.0)
+BASELINE_S_PER_STEP = {"stage1": 0.447, "stage2": 0.500}  # measured earlier: plain eager, same shapes
+REAL_SHAPES = {"stage1": ((1, 128, 16, 8, 12), (1, 8, 126, 16)), "stage2": ((1, 128, 16, 16, 24), (1, 8, 126, 16))}
+SMOKE_SHAPES = {"stage1": ((1, 128, 3, 2, 2), (1, 8, 5, 16)), "stage2": ((1, 128, 3, 4, 4), (1, 8, 5, 16))}
+FPS = 24.0
+
+
+def build(config: T.TransformerConfig, device: torch.device, dtype: torch.dtype) -> T.LTX25Transformer:
+    """The module built directly on `device` in `dtype`, small random weights (norm gains 1): no host copy."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = T.LTX25Transformer(config)
+    finally:
+        torch.set_default_dtype(previous)
+    generator = torch.Generator(device).manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.fill_(1.0) if p.ndim == 1 and "norm" in name else p.normal_(0.0, 0.02, generator=generator)
+    return model.eval().requires_grad_(False)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn, device: torch.device, runs: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def plain_diffusers(model: T.LTX25Transformer, cond: Conditioning, fps: float):
+    """x0 through a bare `LTX2VideoTransformer3DModel` forward, called the way diffusers' LTX-2 pipeline does."""
+    dit = model.dit
+
+    def denoise(video, audio, sigma):
+        b, _, f, h, w = video.shape
+        dtype, t = dit.proj_in.weight.dtype, torch.full((b,), sigma * 1000.0, device=video.device)
+        v, a = dit(hidden_states=patchify_video(video).to(dtype), audio_hidden_states=patchify_audio(audio).to(dtype),
+                   encoder_hidden_states=cond.video, audio_encoder_hidden_states=cond.audio, timestep=t, sigma=t,
+                   encoder_attention_mask=torch.ones(b, cond.video.shape[1], device=video.device),
+                   audio_encoder_attention_mask=torch.ones(b, cond.audio.shape[1], device=video.device),
+                   num_frames=f, height=h, width=w, fps=fps, audio_num_frames=audio.shape[2],
+                   video_keyframes_mask=first_frame_keyframes_mask(b, f, h, w, video.device),
+                   use_cross_timestep=True, return_dict=False)
+        return (video.float() - unpatchify_video(v, video.shape).float() * sigma,
+                audio.float() - unpatchify_audio(a, audio.shape).float() * sigma)
+    return denoise
+
+
+class Graphed:
+    """Our denoiser with `T.velocity` captured in a CUDA graph per latent shape (inputs copied into static
+    buffers, σ filled on the device, so a step is one graph replay plus the x0 arithmetic)."""
+
+    def __init__(self, model: T.LTX25Transformer, cond: Conditioning, fps: float) -> None:
+        self.model, self.cond, self.fps, self.graphs = model, cond, fps, {}
+
+    def _capture(self, video: torch.Tensor, audio: torch.Tensor):
+        model, weight = self.model, self.model.dit.proj_in.weight
+        b, _, f, h, w = video.shape
+        grid = model.grid(b, f, h, w, audio.shape[2], self.fps, weight.device)
+        context = model.context(self.cond, weight.device, weight.dtype)
+        vt, at = patchify_video(video).to(weight.dtype).clone(), patchify_audio(audio).to(weight.dtype).clone()
+        sigma = torch.full((b,), 0.5, device=weight.device)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the capture (allocator, lazy inits, compiled kernels)
+                T.velocity(model, vt, at, sigma, context, grid)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = T.velocity(model, vt, at, sigma, context, grid)
+        return graph, vt, at, sigma, out, (context, grid)  # the graph reads these addresses: keep them alive
+
+    def __call__(self, video: torch.Tensor, audio: torch.Tensor, sigma: float):
+        key = (tuple(video.shape), tuple(audio.shape))
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(video, audio)
+        graph, vt, at, sigma_t, (v, a), _ = self.graphs[key]
+        vt.copy_(patchify_video(video))
+        at.copy_(patchify_audio(audio))
+        sigma_t.fill_(sigma)
+        graph.replay()
+        return (video.float() - unpatchify_video(v, video.shape).float() * sigma,
+                audio.float() - unpatchify_audio(a, audio.shape).float() * sigma)
+
+
+def step_flops(model: T.LTX25Transformer, video, audio, cond: Conditioning) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        T.denoise(model, video, audio, 0.5, cond, FPS)
+    return int(counter.get_total_flops())
+
+
+def distilled_sampling(denoise, shapes: dict, device: torch.device) -> float:
+    """Seconds for 8 stage-1 + 3 stage-2 steps (Euler updates, no noise draws: the DiT is the cost)."""
+    g = torch.Generator(device).manual_seed(0)
+    sync(device)
+    start = time.perf_counter()
+    for stage, sigmas in (("stage1", STAGE1_SIGMAS), ("stage2", STAGE2_SIGMAS)):
+        video_shape, audio_shape = shapes[stage]
+        video = torch.randn(video_shape, generator=g, device=device) * sigmas[0]
+        audio = torch.randn(audio_shape, generator=g, device=device) * sigmas[0]
+        for sigma, sigma_next in zip(sigmas, sigmas[1:]):
+            x0_video, x0_audio = denoise(video, audio, sigma)
+            video = video + (video - x0_video) / sigma * (sigma_next - sigma)
+            audio = audio + (audio - x0_audio) / sigma * (sigma_next - sigma)
+    sync(device)
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny config on the CPU")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--variants", default="ours,diffusers,graphed,compiled,compiled_graphed")
+    parser.add_argument("--peak-tflops", type=float, default=990.0, help="bf16 dense peak of the GPU")
+    parser.add_argument("--attention-backend", default=None, help="diffusers attention backend, e.g. _native_cudnn")
+    args = parser.parse_args(argv)
+
+    device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    block = T.tiny_config_block() if args.smoke else dict(T.SHIPPED_CONFIG)
+    config = T.TransformerConfig.from_metadata("bench", {"config": {"transformer": block}})
+    shapes = SMOKE_SHAPES if args.smoke else REAL_SHAPES
+    variants = ["ours"] + [v for v in args.variants.split(",") if v != "ours"]  # ours: the reference of the diffs
+    import diffusers
+    result = {"bench": "transformer", "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "diffusers": diffusers.__version__, "dtype": str(dtype).split(".")[-1],
+              "config": "tiny" if args.smoke else f"ltx-2.5 22B ({config.num_layers} layers, "
+              f"{config.heads * config.head_dim}/{config.audio_heads * config.audio_head_dim} wide)",
+              "runs": args.runs, "baseline_s_per_step": BASELINE_S_PER_STEP, "errors": {}}
+
+    start = time.perf_counter()
+    model = build(config, device, dtype)
+    if args.attention_backend:
+        model.dit.set_attention_backend(args.attention_backend)
+    result["build_s"] = round(time.perf_counter() - start, 2)
+    result["weights_gb"] = round(sum(p.numel() * p.element_size() for p in model.dit.parameters()) / 1e9, 3)
+    g = torch.Generator(device).manual_seed(1)
+    cond = Conditioning(torch.randn(1, 1024, config.cross_attention_dim, generator=g, device=device).to(dtype),
+                        torch.randn(1, 1024, config.audio_cross_attention_dim, generator=g, device=device).to(dtype))
+    inputs = {stage: (torch.randn(v, generator=g, device=device), torch.randn(a, generator=g, device=device))
+              for stage, (v, a) in shapes.items()}
+    ours = lambda video, audio, sigma: T.denoise(model, video, audio, sigma, cond, FPS)  # noqa: E731
+    denoisers = {"ours": ours, "diffusers": plain_diffusers(model, cond, FPS)}
+    if device.type == "cuda":
+        denoisers["graphed"] = Graphed(model, cond, FPS)
+    stats = {stage: {"video": list(shapes[stage][0]), "audio": list(shapes[stage][1])} for stage in shapes}
+    reference, sampling = {}, {}
+    result["sampling_8_plus_3_s"] = sampling  # per variant, measured right after its steps (compile mutates)
+
+    def measure(name: str, denoise) -> None:
+        for stage, (video, audio) in inputs.items():
+            try:
+                with torch.inference_mode():
+                    x0 = denoise(video, audio, 0.725)
+                    if device.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats(device)
+                    seconds = median_seconds(lambda: denoise(video, audio, 0.725), device, args.runs, args.warmup)
+                entry = stats[stage]
+                entry[f"{name}_s"] = round(seconds, 4)
+                if device.type == "cuda":
+                    entry[f"{name}_peak_gb"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)
+                if name == "ours":
+                    reference[stage] = x0
+                else:
+                    entry[f"{name}_max_abs_vs_ours"] = max((a - b).abs().max().item()
+                                                           for a, b in zip(x0, reference[stage]))
+            except Exception as e:  # a variant that fails is reported, the others still run
+                result["errors"][f"{name}/{stage}"] = f"{type(e).__name__}: {e}"
+                traceback.print_exc(file=sys.stderr)
+        try:
+            with torch.inference_mode():
+                sampling[name] = round(distilled_sampling(denoise, shapes, device), 3)
+        except Exception as e:
+            result["errors"][f"{name}/sampling"] = f"{type(e).__name__}: {e}"
+
+    flops = {}
+    with torch.inference_mode():  # counted on the eager model, before any compilation
+        for stage, (video, audio) in inputs.items():
+            try:
+                flops[stage] = step_flops(model, video, audio, cond)
+            except Exception as e:
+                result["errors"][f"flops/{stage}"] = f"{type(e).__name__}: {e}"
+    for name in ("ours", "diffusers", "graphed"):
+        if name in variants and name in denoisers:
+            measure(name, denoisers[name])
+    if {"compiled", "compiled_graphed"} & set(variants):
+        try:
+            model.dit.compile_repeated_blocks(fullgraph=False)
+            start = time.perf_counter()
+            with torch.inference_mode():  # first calls compile; report that time apart from the steady state
+                for video, audio in inputs.values():
+                    ours(video, audio, 0.725)
+            result["compile_s"] = round(time.perf_counter() - start, 1)
+            denoisers["compiled"] = ours
+            if device.type == "cuda":
+                denoisers["compiled_graphed"] = Graphed(model, cond, FPS)
+            for name in ("compiled", "compiled_graphed"):
+                if name in variants and name in denoisers:
+                    measure(name, denoisers[name])
+        except Exception as e:
+            result["errors"]["compile"] = f"{type(e).__name__}: {e}"
+            traceback.print_exc(file=sys.stderr)
+
+    with torch.inference_mode():
+        for stage, count in flops.items():
+            stats[stage]["gflop_per_step"] = round(count / 1e9, 3)
+            for key in [k for k in stats[stage] if k.endswith("_s")]:
+                stats[stage][key[:-2] + "_fraction_of_peak"] = round(
+                    count / stats[stage][key] / (args.peak_tflops * 1e12), 4)
+        result.update(stats)
+    if device.type == "cuda":
+        result["peak_memory_gb"] = max([v for entry in stats.values() for k, v in entry.items()
+                                        if k.endswith("_peak_gb")], default=None)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
