@@ -1,3 +1,72 @@
-"""(placeholder: nodes of this stage are being written)"""
-NODE_CLASS_MAPPINGS: dict = {}
-NODE_DISPLAY_NAME_MAPPINGS: dict = {}
+"""The output node: frames + optional audio → an H.264/AAC mp4 in the output folder, never overwriting."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from . import comfy_bridge as bridge
+from .ltx.errors import LTX25Error
+
+NODE = "LTX25SaveVideo"
+
+
+class LTX25SaveVideo:
+    DESCRIPTION = "Saves frames (and audio) as an H.264/AAC mp4 in the output folder, with the run's metadata."
+    CATEGORY = "LTX-2.5/output"
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("path",)
+    OUTPUT_TOOLTIPS = ("Full path of the saved mp4.",)
+    OUTPUT_NODE = True
+    FUNCTION = "save"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "images": ("IMAGE", {"tooltip": "Frames [F, H, W, 3] in [0, 1]; odd sizes get one repeated row/column."}),
+            "fps": ("FLOAT", {"default": 24.0, "min": 1.0, "max": 240.0, "step": 0.001,
+                              "tooltip": "Frame rate; use the one the latents were made for."}),
+            "filename_prefix": ("STRING", {"default": "LTX25", "tooltip": (
+                "File name start (may include subfolders); a counter follows: LTX25_00001_.mp4.")})},
+            "optional": {
+                "audio": ("AUDIO", {"tooltip": "Waveform to mux as AAC; fitted to the video's length."}),
+                "metadata": ("STRING", {"default": "", "multiline": True, "tooltip": (
+                    "Run info stored in the file (JSON: prompt, seed, decoder, timings), e.g. a compare report.")})},
+            "hidden": {"prompt": "PROMPT", "extra_pnginfo": "EXTRA_PNGINFO"}}
+
+    def save(self, images, fps, filename_prefix, audio=None, metadata="", prompt=None, extra_pnginfo=None):
+        from .ltx.video_io import output_path, run_metadata, write_mp4
+        tags = run_metadata(metadata)
+        if prompt is not None:       # like ComfyUI's own savers: the graph travels with the file
+            tags["prompt"] = json.dumps(prompt)
+        if isinstance(extra_pnginfo, dict) and "workflow" in extra_pnginfo:
+            tags["workflow"] = json.dumps(extra_pnginfo["workflow"])
+        rate = int(audio["sample_rate"]) if isinstance(audio, dict) and "sample_rate" in audio else 48000
+        waveform = _one_track(audio, images.shape[0], fps, rate)
+        path, subfolder, filename = output_path(bridge.output_dir(), filename_prefix)
+        write_mp4(path, images, fps, waveform, rate, tags)
+        preview = {"filename": filename, "subfolder": subfolder, "type": "output", "format": "video/mp4"}
+        return {"ui": {"images": [preview], "animated": (True,)}, "result": (path,)}
+
+
+def _one_track(audio: dict | None, frames: int, fps: float, sample_rate: int) -> torch.Tensor | None:
+    """AUDIO `[B, C, S]` → one `[C, S']` track: batch items play one after another, as their frames do, each
+    fitted to its own video's length so item b's sound starts with item b's first frame."""
+    from .ltx.video_io import fit_audio
+    if audio is None:
+        return None
+    waveform = audio.get("waveform") if isinstance(audio, dict) else None
+    if not isinstance(waveform, torch.Tensor) or waveform.ndim != 3:
+        raise LTX25Error(f"{NODE}.audio", "the audio waveform", getattr(waveform, "shape", type(waveform).__name__),
+                         "an AUDIO dict with waveform [B, C, S]")
+    if waveform.shape[0] > 1 and frames % waveform.shape[0]:
+        raise LTX25Error(f"{NODE}.audio", "the audio batch size", waveform.shape[0],
+                         f"a divisor of the {frames} frames (one track per video in the batch)")
+    if waveform.shape[0] == 1:
+        return waveform[0]
+    per_item = round(frames // waveform.shape[0] / fps * sample_rate)
+    return torch.cat([fit_audio(track, per_item) for track in waveform], dim=-1)
+
+
+NODE_CLASS_MAPPINGS = {NODE: LTX25SaveVideo}
+NODE_DISPLAY_NAME_MAPPINGS = {NODE: "LTX-2.5 Save Video"}

@@ -1,0 +1,315 @@
+"""The LTX-2.5 audio decoder (ltx25.md §11, §12): diffusers' `LTX2AudioDecoder` (latent → stereo mel) and
+`LTX2VocoderWithBWE` (mel → 16 kHz waveform → bandwidth extension to 48 kHz), configured from the file's
+`config.audio_vae` and `config.vocoder`, loaded strictly from `audio_vae.*` / `vocoder.*`.
+
+Decode-only: the file's `audio_vae.encoder.*` is on the drop list. The vocoder always runs in float32: bf16
+accumulation through its ~100 sequential convolutions degrades the spectrum (the reference autocasts to fp32).
+
+Lengths: a latent of T frames becomes 4T−3 mel frames (the causal decoder trims 3), 160 samples each at 16 kHz,
+×3 at 48 kHz: 480·(4T−3) samples. The sampler makes T = round(F/fps·25) for F video frames, so the audio is
+10–50 ms shorter than the video by construction; `decode_audio` warns only beyond that.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from diffusers.models.autoencoders.autoencoder_kl_ltx2_audio import (LATENT_DOWNSAMPLE_FACTOR, LTX2AudioDecoder,
+                                                                      LTX2AudioEncoder)
+from diffusers.pipelines.ltx2.vocoder import LTX2VocoderWithBWE, UpSample1d
+
+from . import tiny_common
+from .assets import Kind, expect_kind, read_state_dict
+from .errors import LTX25Error
+from .keymap import Drop, KeyMap, Rename, load_strict
+
+log = logging.getLogger("ltx25")
+LATENT_CHANNELS, LATENT_BINS = 8, 16
+
+# Vocoder renames are anchored per generator: `conv_in`/`conv_out` are also audio-decoder names, so an unanchored
+# `conv_pre → conv_in` row would turn the decoder's keys into vocoder names when the writer runs the map backwards.
+_VOCODER_RENAMES = (("ups", "upsamplers"), ("resblocks", "resnets"), ("conv_pre", "conv_in"),
+                    ("conv_post", "conv_out"), ("act_post", "act_out"))
+KEY_MAP = KeyMap(
+    "audio VAE decoder + vocoder",
+    renames=(
+        Rename("audio_vae.decoder", "decoder"),
+        Rename("audio_vae.per_channel_statistics.mean-of-means", "latents_mean"),
+        Rename("audio_vae.per_channel_statistics.std-of-means", "latents_std"),
+        *(Rename(f"vocoder.{part}.{native}", f"vocoder.{part}.{module}")
+          for part in ("vocoder", "bwe_generator") for native, module in _VOCODER_RENAMES),
+        # Anti-alias activations: native `downsample.lowpass.filter`, diffusers `downsample.filter`.
+        Rename("downsample.lowpass", "downsample", anywhere=True),
+    ),
+    drops=(
+        Drop(r"audio_vae\.encoder\..*", "decode-only pack: nothing here encodes audio, so the encoder is never built"),
+        Drop(r"audio_vae\.per_channel_statistics\.(?!mean-of-means$|std-of-means$).*",
+             "dataset statistics the decoder does not use"),
+    ),
+)
+ENCODER_KEY_MAP = KeyMap("audio VAE encoder (tiny writer)", renames=(Rename("audio_vae.encoder", "encoder"),))
+
+
+def _section(where: str, node: Any, path: str) -> Mapping[str, Any]:
+    for key in path.split("."):
+        node = node.get(key) if isinstance(node, Mapping) else None
+    if not isinstance(node, Mapping):
+        raise LTX25Error(where, f"metadata {path}", type(node).__name__, "a JSON object",
+                         "The file's metadata was stripped or is from an older LTX release.")
+    return node
+
+
+@dataclass(frozen=True)
+class AudioVAEConfig:
+    """`config.audio_vae` (native names: `model.params.ddconfig`, `preprocessing.stft`). Defaults are the
+    reference builder's; `LTX2AudioDecoder`'s own defaults differ (group norm, width causality, mono)."""
+    ch: int
+    out_ch: int
+    ch_mult: tuple[int, ...]
+    num_res_blocks: int
+    resolution: int
+    z_channels: int
+    mel_bins: int
+    in_channels: int
+    double_z: bool
+    dropout: float
+    sample_rate: int
+    mel_hop_length: int
+    is_causal: bool
+
+    @classmethod
+    def from_metadata(cls, where: str, metadata: Mapping[str, Any]) -> "AudioVAEConfig":
+        audio = _section(where, metadata, "config.audio_vae")
+        dd = _section(where, audio, "model.params.ddconfig")
+        params = audio["model"]["params"]
+        stft = audio.get("preprocessing", {}).get("stft", {})
+        fixed = {"norm_type": ("pixel", "pixel"), "causality_axis": ("height", "height"),
+                 "mid_block_add_attention": (True, False), "attn_resolutions": ([8, 16, 32], []),
+                 "z_channels": (8, LATENT_CHANNELS), "mel_bins": (None, 64), "out_ch": (2, 2)}
+        mel = audio.get("preprocessing", {}).get("mel", {})
+        for key, (default, wanted) in fixed.items():
+            # like the reference, a ddconfig without mel_bins takes the preprocessing's n_mel_channels
+            value = dd.get(key, mel.get("n_mel_channels") if key == "mel_bins" else default)
+            if (list(value) if isinstance(value, (list, tuple)) else value) != wanted:
+                raise LTX25Error(where, f"config.audio_vae…ddconfig.{key}", value, repr(wanted),
+                                 "LTX-2.5 audio VAE files ship this value; the file is from another model.")
+        made = cls(ch=int(dd.get("ch", 128)), out_ch=2, ch_mult=tuple(dd.get("ch_mult", (1, 2, 4))),
+                   num_res_blocks=int(dd.get("num_res_blocks", 2)), resolution=int(dd.get("resolution", 256)),
+                   z_channels=LATENT_CHANNELS, mel_bins=64, in_channels=int(dd.get("in_channels", 2)),
+                   double_z=bool(dd.get("double_z", True)), dropout=float(dd.get("dropout", 0.0)),
+                   sample_rate=int(params.get("sampling_rate", 16000)),
+                   mel_hop_length=int(stft.get("hop_length", 160)), is_causal=bool(stft.get("causal", True)))
+        if made.mel_bins // 2 ** (len(made.ch_mult) - 1) != LATENT_BINS:
+            raise LTX25Error(where, "config.audio_vae…ddconfig.ch_mult", list(made.ch_mult),
+                             f"{LATENT_DOWNSAMPLE_FACTOR}× mel downsampling (3 levels) so 64 mel bins give "
+                             f"{LATENT_BINS} latent bins")
+        return made
+
+    def module_kwargs(self) -> dict[str, Any]:
+        """`LTX2AudioDecoder`/`LTX2AudioEncoder` arguments, every one passed."""
+        return dict(base_channels=self.ch, output_channels=self.out_ch, num_res_blocks=self.num_res_blocks,
+                    attn_resolutions=None, in_channels=self.in_channels, resolution=self.resolution,
+                    latent_channels=self.z_channels, ch_mult=self.ch_mult, norm_type="pixel",
+                    causality_axis="height", dropout=self.dropout, mid_block_add_attention=False,
+                    sample_rate=self.sample_rate, mel_hop_length=self.mel_hop_length, is_causal=self.is_causal,
+                    mel_bins=self.mel_bins)
+
+
+def _generator_kwargs(where: str, cfg: Mapping[str, Any], prefix: str, stage: str, final: bool) -> dict[str, Any]:
+    """One native BigVGAN-v2 generator config → `LTX2Vocoder` arguments (prefixed `bwe_` for the second one).
+
+    `final`: the reference applies a final activation to the first stage (clamp to [−1, 1], as use_tanh_at_final
+    is false) and never to the BWE generator, whatever their configs say; diffusers' converter sets None for both."""
+    for key, wanted in (("resblock", "AMP1"), ("activation", "snakebeta"), ("stereo", True)):
+        if cfg.get(key) != wanted:
+            raise LTX25Error(where, f"config.vocoder.{stage}.{key}", cfg.get(key), repr(wanted),
+                             "LTX-2.5 ships a BigVGAN-v2 (AMP1, snakebeta) stereo vocoder.")
+    final_act = ("tanh" if cfg.get("use_tanh_at_final", True) else "clamp") if final else None
+    kwargs = dict(in_channels=128, hidden_channels=int(cfg["upsample_initial_channel"]), out_channels=2,
+                  upsample_kernel_sizes=list(cfg["upsample_kernel_sizes"]),
+                  upsample_factors=list(cfg["upsample_rates"]),
+                  resnet_kernel_sizes=list(cfg["resblock_kernel_sizes"]),
+                  resnet_dilations=[list(d) for d in cfg["resblock_dilation_sizes"]], act_fn="snakebeta",
+                  leaky_relu_negative_slope=0.1, antialias=True, antialias_ratio=2, antialias_kernel_size=12,
+                  final_act_fn=final_act, final_bias=bool(cfg.get("use_bias_at_final", True)))
+    return {f"{prefix}{k}": v for k, v in kwargs.items()}
+
+
+def vocoder_kwargs(where: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """`config.vocoder` = {"vocoder": stage 1 (mel → 16 kHz), "bwe": stage 2 + STFT/rates} → `LTX2VocoderWithBWE`."""
+    cfg = _section(where, metadata, "config.vocoder")
+    if "bwe" not in cfg:
+        raise LTX25Error(where, "config.vocoder", "a single vocoder (LTX-2.0 layout)", "vocoder + bwe (LTX-2.3/2.5)",
+                         "This pack runs the LTX-2.5 audio VAE file.")
+    stage1, bwe = _section(where, cfg, "vocoder"), _section(where, cfg, "bwe")
+    # The reference builds the mel STFT with win_length = n_fft (its `win_size` field is not read).
+    return {**_generator_kwargs(where, stage1, "", "vocoder", True),
+            **_generator_kwargs(where, bwe, "bwe_", "bwe", False),
+            "filter_length": int(bwe["n_fft"]), "hop_length": int(bwe["hop_length"]),
+            "window_length": int(bwe["n_fft"]), "num_mel_channels": int(bwe["num_mels"]),
+            "input_sampling_rate": int(bwe["input_sampling_rate"]),
+            "output_sampling_rate": int(bwe["output_sampling_rate"])}
+
+
+class AudioVAE(torch.nn.Module):
+    """LTX25_AUDIO_VAE: `decoder` (latent `[B, 8, T, 16]` → mel `[B, 2, 4T−3, 64]`), `vocoder` (mel → waveform
+    `[B, 2, S]` at `sample_rate`, float32) and the per-(channel, bin) statistics `latents_mean`/`latents_std` `[128]`.
+
+    The statistics are our buffers, not `AutoencoderKLLTX2Audio`'s: that class sizes them by `base_channels`, which
+    equals 8·16 only at the shipped width."""
+
+    def __init__(self, config: AudioVAEConfig, vocoder: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.config = config
+        self.decoder = LTX2AudioDecoder(**config.module_kwargs())
+        self.vocoder = LTX2VocoderWithBWE(**vocoder)
+        self.register_buffer("latents_mean", torch.zeros(LATENT_CHANNELS * LATENT_BINS))
+        self.register_buffer("latents_std", torch.ones(LATENT_CHANNELS * LATENT_BINS))
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.vocoder.config.output_sampling_rate)
+
+    def samples_per_mel_frame(self) -> int:
+        """Output samples per mel frame (480 at 48 kHz: hop 160 at 16 kHz, ×3)."""
+        return self.config.mel_hop_length * self.sample_rate // self.config.sample_rate
+
+    def memory_bytes(self, latent_shape: tuple[int, ...]) -> int:
+        """Working memory: ~256 MiB per second of fp32 vocoder activations (BWE at 48 kHz dominates)."""
+        return int(latent_shape[0] * latent_shape[2] / 25 * 256 * 2**20)
+
+
+def _finish_vocoder(vae: AudioVAE) -> None:
+    """After loading: re-create the resampler's sinc filter (non-persistent, so it stayed on meta) and move the
+    whole vocoder to float32 whatever the weight dtype."""
+    rate = vae.vocoder.config
+    vae.vocoder.resampler = UpSample1d(ratio=rate.output_sampling_rate // rate.input_sampling_rate,
+                                       window_type="hann", persistent=False)
+    vae.vocoder.float()
+
+
+def load_audio_vae(path: str, dtype: torch.dtype | None = None) -> AudioVAE:
+    """Native audio VAE file → `AudioVAE` (eval, no grad): decoder in `dtype`, vocoder always float32."""
+    info = expect_kind(path, Kind.AUDIO_VAE)
+    config = AudioVAEConfig.from_metadata(info.path, info.header.metadata)
+    vocoder = vocoder_kwargs(info.path, info.header.metadata)
+    return load_strict(info.path, lambda: AudioVAE(config, vocoder), read_state_dict(info.path), KEY_MAP, dtype,
+                       init_buffers=_finish_vocoder)
+
+
+# ------------------------------------------------------------------------------------------------------ decode
+def check_audio_latent(samples: object, where: str) -> torch.Tensor:
+    """An LTX-2.5 audio latent `[B, 8, T, 16]`, or an error naming `where` (a node input)."""
+    shape = list(samples.shape) if isinstance(samples, torch.Tensor) else type(samples).__name__
+    if not isinstance(samples, torch.Tensor) or samples.ndim != 4 or samples.shape[1] != LATENT_CHANNELS \
+            or samples.shape[3] != LATENT_BINS:
+        raise LTX25Error(where, "the audio latent shape", shape, f"[B, {LATENT_CHANNELS}, T, {LATENT_BINS}]",
+                         "A video latent [B, 128, F', H', W'] goes to a video decode node." if
+                         isinstance(samples, torch.Tensor) and samples.ndim == 5 else
+                         "Connect the audio LATENT of an LTX-2.5 sampler or Empty Latent.")
+    return samples
+
+
+def video_frames_for(latent_frames: int, fps: float) -> int | None:
+    """The 8k+1 video frame count F whose audio latent has `latent_frames` = round(F/fps·25) frames, or None."""
+    k = max(0, round((latent_frames * fps / 25 - 1) / 8))
+    for frames in (8 * k + 1, 8 * k - 7, 8 * k + 9):
+        if frames >= 1 and round(frames / fps * 25) == latent_frames:
+            return frames
+    return None
+
+
+def length_drift(samples: int, frames: int, fps: float, sample_rate: int, mel_frame: int) -> int:
+    """Output samples minus what the video lasts, after the decoder's expected 3-mel-frame causal trim."""
+    return samples - round(frames / fps * sample_rate) + (LATENT_DOWNSAMPLE_FACTOR - 1) * mel_frame
+
+
+def decode_audio(vae: AudioVAE, latent: torch.Tensor, fps: float | None = None, frames: int | None = None,
+                 where: str = "decode_audio") -> dict:
+    """Normalized audio latent `[B, 8, T, 16]` → AUDIO `{"waveform": [B, 2, 480·(4T−3)] float32 CPU, "sample_rate":
+    48000}`. With `fps` (and `frames`, else inferred from T), warns when the audio length drifts from the video's
+    by more than one latent frame (1920 samples) beyond the expected trim — a sign of mismatched clips or fps."""
+    check_audio_latent(latent, f"{where}.latent")
+    param = next(vae.decoder.parameters())
+    with torch.inference_mode():
+        shape = (1, LATENT_CHANNELS, 1, LATENT_BINS)     # statistics are (channel, bin)-major: index c·16 + f
+        mean = vae.latents_mean.to(param.device, torch.float32).view(shape)
+        std = vae.latents_std.to(param.device, torch.float32).view(shape)
+        z = latent.to(param.device, torch.float32) * std + mean
+        mel = vae.decoder(z.to(param.dtype))                 # [B, 2, 4T−3, 64]
+        waveform = vae.vocoder(mel.float())                  # [B, 2, S], float32 (see _finish_vocoder)
+    out = {"waveform": waveform.float().cpu(), "sample_rate": vae.sample_rate}
+    if fps:
+        frames = frames or video_frames_for(latent.shape[2], fps)
+        if frames is None:
+            log.warning("%s: an audio latent of %d frames matches no 8k+1 video frame count at %s fps; the audio "
+                        "will not line up with the video.", where, latent.shape[2], fps)
+        else:
+            drift = length_drift(waveform.shape[-1], frames, fps, vae.sample_rate, vae.samples_per_mel_frame())
+            if abs(drift) > LATENT_DOWNSAMPLE_FACTOR * vae.samples_per_mel_frame():
+                log.warning("%s: the audio lasts %.3f s but %d frames at %s fps last %.3f s (drift %+d samples): the "
+                            "audio latent belongs to another clip or frame rate.", where,
+                            waveform.shape[-1] / vae.sample_rate, frames, fps, frames / fps, drift)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ tiny file
+TINY_AUDIO_VAE_CONFIG = {
+    "model": {"params": {"ddconfig": {
+        "double_z": True, "mel_bins": 64, "z_channels": LATENT_CHANNELS, "resolution": 256, "downsample_time": False,
+        "in_channels": 2, "out_ch": 2, "ch": 16, "ch_mult": [1, 2, 4], "num_res_blocks": 1, "attn_resolutions": [],
+        "dropout": 0.0, "mid_block_add_attention": False, "norm_type": "pixel", "causality_axis": "height"},
+        "sampling_rate": 16000}},
+    "preprocessing": {"audio": {"sampling_rate": 16000, "max_wav_value": 32768.0, "duration": 5.12, "stereo": True,
+                                "causal_padding": 3},
+                      "stft": {"filter_length": 1024, "hop_length": 160, "win_length": 1024, "causal": True},
+                      "mel": {"n_mel_channels": 64, "mel_fmin": 0, "mel_fmax": 8000}},
+}
+_TINY_GENERATOR = {"resblock": "AMP1", "resblock_kernel_sizes": [3], "resblock_dilation_sizes": [[1, 3, 5]],
+                   "stereo": True, "use_tanh_at_final": False, "activation": "snakebeta", "use_bias_at_final": False}
+# Real rates and kernels (16 kHz × 160 per mel frame, then ×3 to 48 kHz); tiny widths and resblocks.
+TINY_VOCODER_CONFIG = {
+    "vocoder": {**_TINY_GENERATOR, "upsample_initial_channel": 64, "upsample_rates": [5, 2, 2, 2, 2, 2],
+                "upsample_kernel_sizes": [11, 4, 4, 4, 4, 4]},
+    "bwe": {**_TINY_GENERATOR, "upsample_initial_channel": 32, "upsample_rates": [6, 5, 2, 2, 2],
+            "upsample_kernel_sizes": [12, 11, 4, 4, 4], "apply_final_activation": False, "input_sampling_rate": 16000,
+            "output_sampling_rate": 48000, "hop_length": 80, "n_fft": 512, "win_size": 512, "num_mels": 64},
+}
+
+
+def _audible_(module: torch.nn.Module) -> torch.nn.Module:
+    """Rescale 1-D (transposed) conv weights to half gain, std 0.5/√(C_in·k/stride), so the random tiny vocoder makes
+    an audible waveform (peaks ~0.15) instead of randomize_'s near-silence or unit gain's clipping."""
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)):
+                fan_in = m.in_channels * m.kernel_size[0] / m.stride[0]
+                m.weight.mul_(0.5 / (m.weight.std() * fan_in ** 0.5))
+    return module
+
+
+def write_tiny(path: str, seed: int = 0) -> str:
+    """A tiny audio VAE + vocoder in the native format (`audio_vae.{encoder,decoder,per_channel_statistics}.*`,
+    `vocoder.{vocoder,bwe_generator,mel_stft}.*`; `config.audio_vae`, `config.vocoder`) with z_channels 8,
+    64 mel bins and the real hops, so latents are `[B, 8, T, 16]` and the output is 48 kHz of the real length."""
+    metadata = {"config": {"audio_vae": TINY_AUDIO_VAE_CONFIG, "vocoder": TINY_VOCODER_CONFIG},
+                "model_version": tiny_common.MODEL_VERSION}
+    config = AudioVAEConfig.from_metadata(path, metadata)
+    fresh = AudioVAE(config, vocoder_kwargs(path, metadata))
+    vae = tiny_common.randomize_(AudioVAE(config, vocoder_kwargs(path, metadata)), seed, "audio_vae")
+    _audible_(vae.vocoder)
+    state = vae.state_dict()
+    for name, tensor in fresh.state_dict().items():
+        if name.endswith(".filter"):          # the anti-alias sinc filters are constants, not weights
+            state[name] = tensor
+    state["vocoder.mel_stft.mel_basis"] = state["vocoder.mel_stft.mel_basis"].abs()   # a non-negative filterbank
+    g = tiny_common.generator(seed, "audio_statistics")
+    state["latents_mean"] = torch.randn(LATENT_CHANNELS * LATENT_BINS, generator=g) * 0.1
+    state["latents_std"] = torch.rand(LATENT_CHANNELS * LATENT_BINS, generator=g) * 0.5 + 0.75
+    encoder = tiny_common.randomize_(LTX2AudioEncoder(**config.module_kwargs(), double_z=config.double_z), seed,
+                                     "audio_vae_encoder")
+    tensors = KEY_MAP.to_native(state)
+    tensors |= ENCODER_KEY_MAP.to_native({f"encoder.{k}": v for k, v in encoder.state_dict().items()})
+    return tiny_common.save_native(path, tensors, metadata)

@@ -1,0 +1,155 @@
+"""MP4 files through PyAV: H.264 (libx264, yuv420p) video with optional AAC audio and JSON run metadata, numbered
+output names that never overwrite, and a probe that reads a file back (tests, the compare report).
+
+yuv420p stores colour at half resolution, so width and height must be even: odd frames get their last row/column
+repeated. The audio is fitted to the video's duration (silence appended, or the tail cut) so both streams end
+together — the LTX audio VAE yields 10–50 ms less than F/fps by construction (ltx25.md §11; see audio_vae).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Mapping
+
+import av
+import numpy as np
+import torch
+
+from .errors import LTX25Error
+
+COUNTER_DIGITS = 5
+
+
+def output_path(directory: str, prefix: str, ext: str = "mp4") -> tuple[str, str, str]:
+    """(path, subfolder, filename) of the next `prefix_00001_.mp4`-style file, ComfyUI's naming.
+
+    `prefix` may hold subfolders ("videos/LTX25"); it must stay inside `directory`. The counter follows the
+    highest existing one, and the file is created exclusively before returning, so two saves — even racing
+    ones — never get the same name and nothing is overwritten."""
+    root = os.path.abspath(directory)
+    target = os.path.abspath(os.path.join(root, os.path.normpath(prefix or "LTX25")))
+    if os.path.commonpath([root, target]) != root or target == root:
+        raise LTX25Error("filename_prefix", "the filename prefix", repr(prefix), f"a name inside {root}",
+                         "Remove '..' and absolute paths from the prefix.")
+    folder, base = os.path.split(target)
+    os.makedirs(folder, exist_ok=True)
+    pattern = re.compile(rf"^{re.escape(base)}_(\d{{{COUNTER_DIGITS},}})_\.{re.escape(ext)}$")
+    counter = max((int(m.group(1)) for m in map(pattern.match, os.listdir(folder)) if m), default=0) + 1
+    while True:
+        filename = f"{base}_{counter:0{COUNTER_DIGITS}d}_.{ext}"
+        path = os.path.join(folder, filename)
+        try:
+            with open(path, "xb"):
+                pass
+            subfolder = os.path.relpath(folder, root)
+            return path, "" if subfolder == "." else subfolder.replace(os.sep, "/"), filename
+        except FileExistsError:
+            counter += 1
+
+
+def fit_audio(waveform: torch.Tensor, samples: int) -> torch.Tensor:
+    """`[C, S]` → `[C, samples]`: silence appended or the tail cut."""
+    if waveform.shape[-1] >= samples:
+        return waveform[..., :samples]
+    return torch.nn.functional.pad(waveform, (0, samples - waveform.shape[-1]))
+
+
+def _even(frame: torch.Tensor) -> torch.Tensor:
+    """`[H, W, 3]` with the last row/column repeated where H or W is odd (yuv420p needs even sizes)."""
+    pad_h, pad_w = frame.shape[0] % 2, frame.shape[1] % 2
+    if pad_h or pad_w:
+        frame = torch.nn.functional.pad(frame.permute(2, 0, 1)[None], (0, pad_w, 0, pad_h), mode="replicate")[0]
+        frame = frame.permute(1, 2, 0)
+    return frame
+
+
+def write_mp4(path: str, frames: torch.Tensor, fps: float, audio: torch.Tensor | None = None,
+              sample_rate: int = 48000, metadata: Mapping[str, str] | None = None, crf: int = 17) -> str:
+    """Frames `[F, H, W, 3]` float in [0, 1] (+ optional audio `[C, S]` float in [−1, 1], C = 1 or 2) → H.264/AAC mp4.
+
+    `metadata` values are stored as container tags (any key, through `movflags=use_metadata_tags`). The audio is
+    fitted to F/fps seconds. Frames are converted one at a time, so memory stays at one uint8 frame."""
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] < 1:
+        raise LTX25Error("images", "the image batch shape", list(frames.shape), "[F, H, W, 3] with F ≥ 1")
+    if not fps > 0:
+        raise LTX25Error("fps", "fps", fps, "a frame rate > 0")
+    rate = Fraction(fps).limit_denominator(1001)
+    height, width = frames.shape[1] + frames.shape[1] % 2, frames.shape[2] + frames.shape[2] % 2
+    container = av.open(path, mode="w", format="mp4", options={"movflags": "use_metadata_tags"})
+    try:
+        for key, value in (metadata or {}).items():
+            container.metadata[key] = value
+        video = container.add_stream("libx264", rate=rate)
+        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        video.options = {"crf": str(crf)}
+        sound = None
+        if audio is not None:
+            if audio.ndim != 2 or audio.shape[0] not in (1, 2):
+                raise LTX25Error("audio", "the waveform shape", list(audio.shape), "[C, S] with C = 1 or 2")
+            sound = container.add_stream("aac", rate=sample_rate, layout="stereo" if audio.shape[0] == 2 else "mono")
+        for index in range(frames.shape[0]):
+            rgb = (_even(frames[index].float()).clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
+            picture = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            picture.pts = index
+            container.mux(video.encode(picture))
+        container.mux(video.encode(None))
+        if sound is not None:
+            samples = fit_audio(audio.float().cpu(), round(frames.shape[0] / float(rate) * sample_rate)).numpy()
+            step = sound.codec_context.frame_size or 1024
+            for start in range(0, samples.shape[1], step):
+                chunk = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples[:, start:start + step]),
+                                                   format="fltp", layout=sound.layout.name)
+                chunk.sample_rate, chunk.pts = sample_rate, start
+                container.mux(sound.encode(chunk))
+            container.mux(sound.encode(None))
+    finally:
+        container.close()
+    return path
+
+
+@dataclass(frozen=True)
+class Mp4Info:
+    frames: int
+    fps: float
+    width: int
+    height: int
+    audio_samples: int = 0          # decoded samples per channel (AAC pads to whole 1024-sample frames)
+    sample_rate: int = 0
+    audio_channels: int = 0
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.audio_samples / self.sample_rate if self.sample_rate else 0.0
+
+
+def probe_mp4(path: str, decode: bool = True) -> Mp4Info:
+    """Read an mp4 back: frame count (decoded when `decode`, else from the header), fps, size, audio, tags."""
+    with av.open(path) as container:
+        video = container.streams.video[0]
+        fps = float(video.average_rate or video.guessed_rate)
+        width, height = video.codec_context.width, video.codec_context.height
+        frames = sum(1 for _ in container.decode(video=0)) if decode else video.frames
+        metadata = dict(container.metadata)
+    audio_samples = sample_rate = channels = 0
+    with av.open(path) as container:
+        if container.streams.audio:
+            stream = container.streams.audio[0]
+            sample_rate, channels = stream.codec_context.sample_rate, stream.codec_context.channels
+            audio_samples = sum(frame.samples for frame in container.decode(audio=0))
+    return Mp4Info(frames, fps, width, height, audio_samples, sample_rate, channels, metadata)
+
+
+def run_metadata(text: str) -> dict[str, str]:
+    """The `metadata` input as container tags: JSON objects are stored compactly under "comment", anything else
+    as typed."""
+    text = (text or "").strip()
+    if not text:
+        return {}
+    try:
+        return {"comment": json.dumps(json.loads(text), separators=(",", ":"))}
+    except json.JSONDecodeError:
+        return {"comment": text}

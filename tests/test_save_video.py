@@ -1,0 +1,122 @@
+"""Saving video with sound (PyAV): the mp4 decodes back with the right frames, fps, size, audio and metadata; the
+counter never overwrites; audio is fitted to the video; the node's UI/result contract."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from nodes import comfy_bridge as bridge
+from nodes.ltx import video_io
+from nodes.ltx.errors import LTX25Error
+from nodes.output import LTX25SaveVideo
+
+
+@pytest.fixture
+def output_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(bridge, "_output_dir_override", str(tmp_path))
+    return tmp_path
+
+
+def _frames(count=25, height=64, width=96, seed=0):
+    return torch.rand(count, height, width, 3, generator=torch.Generator().manual_seed(seed))
+
+
+def _tone(seconds, rate=48000):
+    t = torch.arange(round(seconds * rate)) / rate
+    return torch.stack([torch.sin(2 * math.pi * 440 * t), torch.sin(2 * math.pi * 660 * t)]) * 0.3
+
+
+def test_saved_mp4_decodes_back_with_frames_fps_size_audio_and_metadata(output_dir):
+    """25 frames of 96×64 at 24 fps with a stereo track of 1 s: the file has 25 frames, 24 fps, 96×64, 2 channels
+    at 48 kHz lasting 25/24 s (the track is fitted to the video; AAC rounds up to whole 1024-sample frames, so the
+    decoded track is at most one AAC frame longer, never shorter), and the run metadata JSON in its tags."""
+    info = {"prompt": "a fox", "seed": 7, "decoder": "conv", "seconds": 1.5}
+    result = LTX25SaveVideo().save(_frames(), 24.0, "LTX25", {"waveform": _tone(1.0)[None], "sample_rate": 48000},
+                                   json.dumps(info))
+    probe = video_io.probe_mp4(result["result"][0])
+    assert (probe.frames, probe.fps, probe.width, probe.height) == (25, 24.0, 96, 64)
+    assert (probe.audio_channels, probe.sample_rate) == (2, 48000)
+    assert 0 <= probe.audio_samples - 25 / 24 * 48000 < 1024, probe.audio_samples
+    assert json.loads(probe.metadata["comment"]) == info
+
+
+def test_colours_survive_the_encode(output_dir):
+    """A flat mid-grey and a flat colour come back within 3/255 (yuv420p, crf 17) — frames are in [0, 1] RGB."""
+    frames = torch.empty(9, 32, 32, 3)
+    frames[:5] = 0.5
+    frames[5:] = torch.tensor([0.8, 0.2, 0.4])
+    path = video_io.write_mp4(str(output_dir / "flat.mp4"), frames, 8.0)
+    import av
+    with av.open(path) as container:
+        decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert abs(decoded[0].mean() - 127.5) <= 3 and abs(decoded[-1][..., 0].mean() - 204) <= 3
+
+
+def test_counter_never_overwrites(output_dir):
+    """Existing files keep their bytes; the next save numbers after the highest existing counter (a gap is not
+    refilled) and two saves in a row get two names."""
+    (output_dir / "LTX25_00001_.mp4").write_bytes(b"keep me")
+    (output_dir / "LTX25_00007_.mp4").write_bytes(b"keep me too")
+    node = LTX25SaveVideo()
+    first = node.save(_frames(9), 24.0, "LTX25")["result"][0]
+    second = node.save(_frames(9), 24.0, "LTX25")["result"][0]
+    assert os.path.basename(first) == "LTX25_00008_.mp4" and os.path.basename(second) == "LTX25_00009_.mp4"
+    assert (output_dir / "LTX25_00001_.mp4").read_bytes() == b"keep me"
+    assert (output_dir / "LTX25_00007_.mp4").read_bytes() == b"keep me too"
+
+
+def test_node_returns_a_preview_entry_and_the_path(output_dir):
+    """`{"ui": {"images": [{filename, subfolder, type: output, format: video/mp4}], "animated": (True,)},
+    "result": (path,)}`, with a subfolder taken from the prefix."""
+    out = LTX25SaveVideo().save(_frames(9), 24.0, "videos/run")
+    entry = out["ui"]["images"][0]
+    assert entry == {"filename": "run_00001_.mp4", "subfolder": "videos", "type": "output", "format": "video/mp4"}
+    assert out["ui"]["animated"] == (True,)
+    assert out["result"] == (str(output_dir / "videos" / "run_00001_.mp4"),) and os.path.getsize(out["result"][0])
+
+
+def test_odd_sizes_are_padded_to_even(output_dir):
+    """yuv420p needs even sizes: 33×47 frames are saved as 34×48 with the last row and column repeated (not
+    rescaled, which PyAV would otherwise do silently): a white last column comes back two columns wide."""
+    frames = torch.zeros(9, 33, 47, 3)
+    frames[:, :, -1] = 1.0
+    frames[:, -1, :] = 1.0
+    path = LTX25SaveVideo().save(frames, 24.0, "odd")["result"][0]
+    probe = video_io.probe_mp4(path)
+    assert (probe.width, probe.height, probe.frames) == (48, 34, 9)
+    import av
+    with av.open(path) as container:
+        first = next(iter(container.decode(video=0))).to_ndarray(format="rgb24")
+    assert first[16, -2:].min() > 200 and first[-2:, 20].min() > 200, (first[16, -3:], first[-3:, 20])
+
+
+def test_prefix_outside_the_output_folder_is_refused(output_dir):
+    """A prefix with '..' or an absolute path cannot write outside the output folder."""
+    for prefix in ("../escape", "/tmp/escape"):
+        with pytest.raises(LTX25Error, match="filename prefix"):
+            LTX25SaveVideo().save(_frames(9), 24.0, prefix)
+
+
+def test_batch_audio_is_fitted_per_clip(output_dir):
+    """Two clips decoded as a batch (frames one after the other) with two waveforms of slightly different
+    lengths: each track is fitted to its clip, so the file's audio lasts exactly the video's 2·9/24 s."""
+    audio = torch.stack([_tone(0.35), _tone(0.35)])[:, :, :16000]
+    path = LTX25SaveVideo().save(_frames(18), 24.0, "batch", {"waveform": audio, "sample_rate": 48000})["result"][0]
+    probe = video_io.probe_mp4(path)
+    assert probe.frames == 18 and 0 <= probe.audio_samples - 18 / 24 * 48000 < 1024, probe.audio_samples
+
+
+def test_decoded_audio_and_video_end_together(tiny_file, output_dir):
+    """The tiny audio VAE's output (10–50 ms shorter than F/fps by construction) muxed with 17 frames at 24 fps:
+    both streams of the file last 17/24 s."""
+    from nodes.ltx import audio_vae as av
+    vae = av.load_audio_vae(tiny_file("audio_vae"), torch.float32)
+    audio = av.decode_audio(vae, torch.randn(1, 8, 18, 16), fps=24.0)
+    assert audio["waveform"].shape[-1] < round(17 / 24 * 48000)
+    path = LTX25SaveVideo().save(_frames(17), 24.0, "av", audio)["result"][0]
+    probe = video_io.probe_mp4(path)
+    assert probe.frames == 17 and 0 <= probe.audio_samples - 17 / 24 * 48000 < 1024, probe.audio_samples
