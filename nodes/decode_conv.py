@@ -64,7 +64,9 @@ class LTX25ConvVAEDecode:
         vae = video_vae.ready(estimate)
         images, stats = decode_conv(vae, samples, request, bridge.free_device_memory(),
                                     bridge.step_callback(1, "conv VAE decode"), where=NODE)
-        return images.to(bridge.intermediate_device()), stats
+        # The ui entry carries the figures the canvas shows on the node (web/ltx25_ab_viewer.js).
+        return {"ui": {"ltx25_decode_stats": [stats.as_dict()]},
+                "result": (images.to(bridge.intermediate_device()), stats)}
 
 
 NODE_CLASS_MAPPINGS = {NODE: LTX25ConvVAEDecode}

@@ -336,5 +336,7 @@ def test_decode_node_refuses_a_diffusion_vae_and_bad_latents(tiny_file, tmp_path
 def test_decode_node_returns_images_and_stats(tiny_file):
     """Through model management (standalone bridge): IMAGE `[F, H, W, 3]` and conv decode stats."""
     loaded = Loaded.register(cv.load_conv_vae(tiny_file("conv_vae")), inspect_asset(tiny_file("conv_vae")))
-    images, stats = LTX25ConvVAEDecode().decode(loaded, {"samples": _latent(1, 128, 2, 2, 2)}, "off", 768, 64, 80, 24)
+    out = LTX25ConvVAEDecode().decode(loaded, {"samples": _latent(1, 128, 2, 2, 2)}, "off", 768, 64, 80, 24)
+    images, stats = out["result"]
     assert images.shape == (9, 64, 64, 3) and stats.decoder == "conv" and stats.seconds > 0
+    assert out["ui"]["ltx25_decode_stats"] == [stats.as_dict()]  # what the canvas shows on the node
