@@ -1,0 +1,151 @@
+"""Neighborhood-attention processors: the exact SDPA reference against a dense brute force, NATTEN (flex, CPU)
+and comfy_kitchen (eager, CPU); border windows; the `auto` decision; refusals of unavailable backends."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nodes.ltx import na_attention as na
+from nodes.ltx.errors import LTX25Error
+
+CASES = [  # (q shape [B, T, H, W, heads, D], kernel, query block)
+    ((1, 6, 8, 8, 2, 16), (3, 5, 5), (4, 8, 8)),
+    ((2, 7, 9, 11, 3, 8), (3, 3, 5), (2, 4, 3)),
+    ((1, 11, 11, 12, 1, 8), (11, 11, 11), (4, 8, 8)),   # kernel = axis: every window is the whole axis
+    ((1, 5, 13, 6, 2, 8), (5, 7, 3), (3, 5, 4)),        # blocks that do not divide the axes
+]
+
+
+def _qkv(shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g, dtype=dtype) for _ in range(3)]
+
+
+def _dense_reference(q, k, v, kernel):
+    """Full attention with an explicit window mask built from `window_start` (the NATTEN rule)."""
+    b, t, h, w, heads, d = q.shape
+
+    def axis(n, kk):
+        s = torch.tensor([na.window_start(i, n, kk) for i in range(n)])
+        j = torch.arange(n)
+        return (j[None] >= s[:, None]) & (j[None] < s[:, None] + kk)
+
+    m = (axis(t, kernel[0])[:, None, None, :, None, None] & axis(h, kernel[1])[None, :, None, None, :, None]
+         & axis(w, kernel[2])[None, None, :, None, None, :]).reshape(t * h * w, t * h * w)
+    flat = [x.reshape(b, t * h * w, heads, d).transpose(1, 2) for x in (q, k, v)]
+    return F.scaled_dot_product_attention(*flat, attn_mask=m, scale=1.0).transpose(1, 2).reshape(q.shape)
+
+
+@pytest.mark.parametrize("shape,kernel,block", CASES)
+def test_sdpa_equals_dense_window_attention(shape, kernel, block):
+    """The blocked SDPA processor is exact: float64 agreement with dense attention under the explicit NATTEN
+    window mask, for borders, kernel = axis, and query blocks that do not divide the grid."""
+    q, k, v = _qkv(shape, torch.float64)
+    got = na.na3d_sdpa(q, k, v, kernel, block)
+    want = _dense_reference(q, k, v, kernel)
+    assert torch.allclose(got, want, atol=1e-12), f"max diff {(got - want).abs().max():.3e}"
+
+
+@pytest.mark.parametrize("shape,kernel,block", CASES)
+def test_sdpa_natten_and_comfy_kitchen_agree(shape, kernel, block):
+    """All three backends compute the same attention on random q/k/v (NATTEN via flex on the CPU,
+    comfy_kitchen via its eager path), with `scale=1.0` for the pre-scaled query."""
+    q, k, v = _qkv(shape)
+    ref = na.na3d_sdpa(q, k, v, kernel, block)
+    for processor in (na.NattenNAProcessor(), na.ComfyKitchenNAProcessor()):
+        got = processor.na3d(q, k, v, kernel)
+        assert torch.allclose(got, ref, atol=2e-5), f"{processor.name}: max diff {(got - ref).abs().max():.3e}"
+
+
+def test_border_windows_shift_inward_never_truncate():
+    """With uniform attention (q = 0) the output is the mean of the window's values; with v = the key's T index
+    every query sees exactly k keys starting at clamp(i − k//2, 0, L − k). A truncated border window would
+    average fewer, nearer keys."""
+    t, kt = 9, 5
+    q = torch.zeros(1, t, 3, 3, 1, 8)
+    v = torch.arange(t, dtype=torch.float32).view(1, t, 1, 1, 1, 1).expand(1, t, 3, 3, 1, 8).contiguous()
+    out = na.na3d_sdpa(q, torch.randn_like(q) * 0, v, (kt, 3, 3), (2, 2, 2))
+    starts = [min(max(i - kt // 2, 0), t - kt) for i in range(t)]
+    assert starts[:3] == [0, 0, 0] and starts[-3:] == [4, 4, 4]
+    want = torch.tensor([s + (kt - 1) / 2 for s in starts])
+    got = out[0, :, 1, 1, 0, 0]
+    assert torch.allclose(got, want), f"window means {got.tolist()} vs {want.tolist()}"
+
+
+def test_chunking_and_block_shape_do_not_change_the_result():
+    """Memory knobs only: tiny gather chunks and other query blocks give the same output."""
+    q, k, v = _qkv((1, 9, 10, 12, 2, 8), torch.float64)
+    ref = na.na3d_sdpa(q, k, v, (3, 5, 5), (4, 8, 8))
+    for block, chunk in [((1, 1, 1), None), ((3, 3, 7), 1000), ((9, 10, 12), 1)]:
+        got = na.na3d_sdpa(q, k, v, (3, 5, 5), block, chunk)
+        assert torch.allclose(got, ref, atol=1e-12), f"{block}/{chunk}: {(got - ref).abs().max():.3e}"
+
+
+def test_grid_smaller_than_the_kernel_is_refused():
+    """NATTEN requires every axis ≥ its kernel (the decoder pads to guarantee it); the reference says so."""
+    q, k, v = _qkv((1, 2, 8, 8, 1, 8))
+    with pytest.raises(LTX25Error, match="kernel"):
+        na.na3d_sdpa(q, k, v, (3, 3, 3))
+
+
+@pytest.mark.parametrize("device,ck,natten,want", [
+    ("cpu", ("eager",), (True, False), "sdpa"),
+    ("cpu", ("cuda", "triton", "eager"), (True, True), "sdpa"),
+    ("cuda", ("cuda", "triton", "eager"), (False, False), "comfy_kitchen"),
+    ("cuda", ("triton", "eager"), (True, False), "comfy_kitchen"),
+    ("cuda", ("eager",), (True, False), "sdpa"),
+    ("cuda", ("eager",), (True, True), "natten"),
+    ("cuda", (), (False, False), "sdpa"),
+])
+def test_auto_picks_the_fastest_available(device, ck, natten, want):
+    """The auto gate itself: a fused GPU kernel when one is present, the exact SDPA reference otherwise; the CPU
+    always gets sdpa (comfy_kitchen/NATTEN only run eager/flex there)."""
+    assert na.choose_processor("auto", device, ck, natten) == want
+    assert na.choose_processor("natten", device, ck, natten) == "natten"  # an explicit choice is kept
+
+
+def test_unavailable_backends_are_errors_not_fallbacks(monkeypatch):
+    """A backend that cannot run says so (and what to do) instead of silently running another one."""
+    with pytest.raises(LTX25Error, match="processor"):
+        na.make_processor("flash", torch.device("cpu"))
+    monkeypatch.setattr(na, "natten_status", lambda: (True, False))
+    with pytest.raises(LTX25Error, match="libnatten"):
+        na.make_processor("natten", torch.device("cuda"))
+    monkeypatch.setattr(na, "natten_status", lambda: (False, False))
+    with pytest.raises(LTX25Error, match="not installed"):
+        na.make_processor("natten", torch.device("cpu"))
+    monkeypatch.setattr(na, "comfy_kitchen_backends", lambda: ())
+    with pytest.raises(LTX25Error, match="comfy_kitchen"):
+        na.make_processor("comfy_kitchen", torch.device("cpu"))
+
+
+def test_processors_on_cpu_resolve_to_the_installed_libraries():
+    """Here (CPU, natten without libnatten, comfy_kitchen eager) every choice runs and auto is sdpa."""
+    cpu = torch.device("cpu")
+    names = {p: na.make_processor(p, cpu).name for p in na.PROCESSORS}
+    assert names == {"auto": "sdpa", "sdpa": "sdpa", "natten": "natten", "comfy_kitchen": "comfy_kitchen"}
+    assert "eager" in na.comfy_kitchen_backends()
+
+
+def test_processors_agree_on_the_tiny_decoder(tiny_file):
+    """End to end through diffusers' attention modules (project_qkv, RoPE, pre-scaled q, to_out): the tiny decoder
+    decodes the same video with comfy_kitchen as with sdpa; NATTEN (uncompiled flex on the CPU takes ~30 s for the
+    stage-5 grid) is compared on the decoder's stages 1-3, which run every det-stage attention module."""
+    from nodes.ltx import diffusion_vae as dv
+
+    vae = dv.load_diffusion_vae(tiny_file("diffusion_vae"), torch.float32)
+    latent = torch.randn(1, 128, 3, 3, 3, generator=torch.Generator().manual_seed(0))
+    ref, stats = dv.decode(vae, latent, processor="sdpa", tiling_mode="off")
+    got, ck_stats = dv.decode(vae, latent, processor="comfy_kitchen", tiling_mode="off")
+    assert (stats.processor, ck_stats.processor) == ("sdpa", "comfy_kitchen (eager)")
+    assert torch.allclose(got, ref, atol=1e-4), f"comfy_kitchen: max diff {(got - ref).abs().max():.3e}"
+    decoder = vae.model.decoder
+    with torch.inference_mode():
+        na.install_processor(vae.model, na.SdpaNAProcessor())
+        ref = dv.stages_1_to_3(decoder, latent)
+        na.install_processor(vae.model, na.NattenNAProcessor())
+        got = dv.stages_1_to_3(decoder, latent)
+    assert torch.allclose(got, ref, atol=1e-4), f"natten: max diff {(got - ref).abs().max():.3e}"
