@@ -1,0 +1,328 @@
+"""Helpers for the real-ComfyUI test tier: a ComfyUI checkout named by `COMFYUI_PATH`, run by `COMFYUI_PYTHON`
+(default: this interpreter), with the pack linked into a temporary custom_nodes folder and a temporary models
+folder. Nothing of ComfyUI is imported here: the pack's own venv runs pytest, ComfyUI runs in a child process.
+
+The pack's top-level package is called `nodes`, like ComfyUI's own `nodes.py`; so the pack root is never put on
+ComfyUI's `sys.path`. ComfyUI imports the pack the way it imports every custom node: from the folder, as a
+package named after its path, where the pack's relative imports resolve inside it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+PACK_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The folder name ComfyUI sees: it keys /workflow_templates, /extensions/<name>/ and `custom_nodes.<name>`.
+PACK_FOLDER = "ltx25_nodes"
+MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "latent_upscale_models")
+ENV_PATH, ENV_PYTHON = "COMFYUI_PATH", "COMFYUI_PYTHON"
+SKIP_REASON = (f"{ENV_PATH} is not set: set it to a ComfyUI checkout whose requirements are installed "
+               f"(and {ENV_PYTHON} to that venv's python) to run the real-ComfyUI tests; see docs/COMFYUI_TESTS.md")
+STARTUP_TIMEOUT_S = 90.0
+# Module mark: skips before any fixture (the tiny set, a server) is built.
+requires_comfyui = pytest.mark.skipif(not os.environ.get(ENV_PATH, "").strip(), reason=SKIP_REASON)
+# The issue's lists: exactly these node ids and template names.
+EXPECTED_NODES = (
+    "LTX25TransformerLoader", "LTX25TextEncoderLoader", "LTX25VideoVAELoader", "LTX25AudioVAELoader",
+    "LTX25UpsamplerLoader", "LTX25EncodePrompt", "LTX25Connector", "LTX25EmptyLatent", "LTX25DistilledSampler",
+    "LTX25LatentUpsample", "LTX25ConvVAEDecode", "LTX25DiffusionVAEDecode", "LTX25AudioDecode",
+    "LTX25DecoderCompare", "LTX25SaveVideo")
+EXPECTED_TEMPLATES = ("ltx25_t2v_distilled_conv", "ltx25_t2v_distilled_decoder_ab",
+                      "ltx25_t2v_distilled_diffusion_vae")
+
+
+# ---------------------------------------------------------------------------------------------------- locating
+def comfyui_path() -> str:
+    """The ComfyUI checkout, or skip the calling test when `COMFYUI_PATH` is unset.
+
+    A set but wrong `COMFYUI_PATH` fails instead of skipping: whoever set it meant to run this tier."""
+    path = os.environ.get(ENV_PATH, "").strip()
+    if not path:
+        pytest.skip(SKIP_REASON)
+    path = os.path.abspath(os.path.expanduser(path))
+    for marker in ("main.py", "execution.py", "folder_paths.py"):
+        if not os.path.isfile(os.path.join(path, marker)):
+            pytest.fail(f"{ENV_PATH}={path} is not a ComfyUI checkout: {marker} is missing there")
+    return path
+
+
+def comfyui_python() -> str:
+    """The interpreter that has ComfyUI's requirements installed (`COMFYUI_PYTHON`, default: this one)."""
+    python = os.environ.get(ENV_PYTHON, "").strip() or sys.executable
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        pytest.fail(f"{ENV_PYTHON}={python} is not an executable python interpreter")
+    return python
+
+
+# ---------------------------------------------------------------------------------------------------- folders
+def make_custom_nodes_dir(root: str) -> str:
+    """`root/custom_nodes/ltx25_nodes` → symlink to the pack root; returns the custom_nodes folder."""
+    custom_nodes = os.path.join(root, "custom_nodes")
+    os.makedirs(custom_nodes, exist_ok=True)
+    link = os.path.join(custom_nodes, PACK_FOLDER)
+    if not os.path.islink(link):
+        os.symlink(PACK_ROOT, link, target_is_directory=True)
+    return custom_nodes
+
+
+def make_models_dir(root: str) -> str:
+    """An empty ComfyUI-style models folder (the four folders the pack reads); the tiny set is written into it."""
+    models = os.path.join(root, "models")
+    for folder in MODEL_FOLDERS:
+        os.makedirs(os.path.join(models, folder), exist_ok=True)
+    return models
+
+
+def write_extra_model_paths(path: str, models_dir: str, custom_nodes_dir: str) -> str:
+    """ComfyUI's extra_model_paths YAML: the model folders → `models_dir`, custom nodes → `custom_nodes_dir`.
+    Written by hand (flat string values only) so the pack's venv needs no YAML library."""
+    lines = ["ltx25_tests:", f"  base_path: {json.dumps(models_dir)}"]
+    lines += [f"  {folder}: {folder}" for folder in MODEL_FOLDERS]
+    lines.append(f"  custom_nodes: {json.dumps(custom_nodes_dir)}")  # absolute: os.path.join keeps it as is
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def api_workflows() -> list[str]:
+    """The pack's API-format workflows (`workflows/api/*.json`), sorted."""
+    folder = os.path.join(PACK_ROOT, "workflows", "api")
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".json")) \
+        if os.path.isdir(folder) else []
+
+
+# The shipped graphs are sized for real weights (768×512×121); the tiny set on 2 CPU cores gets a small clip that
+# is still two-stage (multiples of 64) with 3 latent frames, like the headless workflow tests.
+SMALL_CLIP = {"width": 192, "height": 128, "frames": 17}
+
+
+def small_clip(prompt: dict) -> dict:
+    """A copy of an API graph whose LTX25EmptyLatent nodes ask for SMALL_CLIP; everything else is unchanged."""
+    resized = json.loads(json.dumps(prompt))
+    empties = [node for node in resized.values() if node.get("class_type") == "LTX25EmptyLatent"]
+    assert empties, "the workflow has no LTX25EmptyLatent node to size"
+    for node in empties:
+        node["inputs"].update(SMALL_CLIP)
+    return resized
+
+
+def load_json(path: str) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ui_files(ui: Any) -> list[dict]:
+    """Every `{filename, subfolder, type}` entry in a node's UI output (images, videos, audio, ...)."""
+    found: list[dict] = []
+    if isinstance(ui, dict):
+        if isinstance(ui.get("filename"), str):
+            found.append(ui)
+        for value in ui.values():
+            found += ui_files(value)
+    elif isinstance(ui, list):
+        for value in ui:
+            found += ui_files(value)
+    return found
+
+
+def child_env() -> dict[str, str]:
+    """Environment of the ComfyUI processes: no PYTHONPATH (the pack root must not shadow ComfyUI's `nodes`), and
+    one OpenMP thread unless the caller chose otherwise: the tiny models gain nothing from more, and OpenMP's
+    spin-waiting on shared cores tripled the tier's time (2 busy cores: 21 s instead of 65 s in-process)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LTX25_QUIET": "1"}
+    env.pop("PYTHONPATH", None)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+# ---------------------------------------------------------------------------------------------------- HTTP client
+@dataclass
+class Response:
+    status: int
+    body: Any
+
+
+class Client:
+    """A tiny urllib client for ComfyUI's HTTP API (no websocket: /history is polled)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+
+    def request(self, path: str, payload: Any = None, timeout: float = 30.0) -> Response:
+        data = None if payload is None else json.dumps(payload).encode()
+        req = urllib.request.Request(self.base_url + path, data=data,
+                                     headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                status, raw, ctype = resp.status, resp.read(), resp.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as err:
+            status, raw, ctype = err.code, err.read(), err.headers.get("Content-Type", "")
+        return Response(status, json.loads(raw) if "json" in ctype else raw)
+
+    def get(self, path: str) -> Any:
+        resp = self.request(path)
+        assert resp.status == 200, f"GET {path} → HTTP {resp.status}: {resp.body!r:.500}"
+        return resp.body
+
+    def free(self) -> None:
+        """POST /free: after the current prompt the worker unloads every model and clears the executor's output
+        cache, so the next prompt runs every node instead of reusing another workflow's results."""
+        resp = self.request("/free", {"unload_models": True, "free_memory": True})
+        assert resp.status == 200, f"POST /free → HTTP {resp.status}"
+        time.sleep(0.5)  # the idle worker wakes on the flag at once; give it time to act before the next prompt
+
+    def post_prompt(self, prompt: dict) -> Response:
+        return self.request("/prompt", {"prompt": prompt, "client_id": uuid.uuid4().hex})
+
+    def wait_history(self, prompt_id: str, timeout: float, server: "ComfyServer | None" = None) -> dict:
+        """Poll /history/<id> until the prompt is finished (success or error); its history entry."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            entry = self.get(f"/history/{prompt_id}").get(prompt_id)
+            if entry and entry.get("status", {}).get("completed") is not None \
+                    and entry["status"].get("status_str") in ("success", "error"):
+                return entry
+            if server is not None:
+                server.check_alive()
+            time.sleep(0.2)
+        raise AssertionError(f"prompt {prompt_id} not finished after {timeout:.0f} s; queue: {self.get('/queue')}"
+                             + (f"\n{server.log_tail()}" if server else ""))
+
+
+# ---------------------------------------------------------------------------------------------------- the server
+@dataclass
+class ComfyServer:
+    """`main.py` in a subprocess on a free loopback port; stop() ends it by its pid."""
+    comfy_root: str
+    python: str
+    work_dir: str
+    models_dir: str
+    custom_nodes_dir: str
+    output_dir: str
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    log_path: str = ""
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def client(self) -> Client:
+        return Client(f"http://127.0.0.1:{self.port}")
+
+    def command(self, yaml_path: str) -> list[str]:
+        return [self.python, os.path.join(self.comfy_root, "main.py"),
+                "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
+                # everything ComfyUI writes stays in the temp folder, never in the checkout
+                "--base-directory", os.path.join(self.work_dir, "base"),
+                "--output-directory", self.output_dir,
+                "--extra-model-paths-config", yaml_path,
+                "--database-url", "sqlite:///:memory:",
+                # load our pack and no other (the checkout's own custom_nodes stay out), no API nodes
+                "--disable-all-custom-nodes", "--whitelist-custom-nodes", PACK_FOLDER,
+                "--disable-api-nodes", "--disable-auto-launch", *self.extra_args]
+
+    def start(self) -> "ComfyServer":
+        yaml_path = write_extra_model_paths(os.path.join(self.work_dir, "extra_model_paths.yaml"),
+                                            self.models_dir, self.custom_nodes_dir)
+        # --base-directory keeps ComfyUI's user, input and temp folders out of the checkout; its own (empty)
+        # custom_nodes folder must exist, ours comes from the YAML
+        os.makedirs(os.path.join(self.work_dir, "base", "custom_nodes"), exist_ok=True)
+        self.port = self.port or free_port()
+        self.log_path = os.path.join(self.work_dir, "comfyui.log")
+        env = child_env()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.command(yaml_path), cwd=self.work_dir, env=env,
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                if self.client.request("/system_stats", timeout=2).status == 200:
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise AssertionError(f"ComfyUI not ready after {STARTUP_TIMEOUT_S:.0f} s\n{self.log_tail()}")
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"ComfyUI exited with status {self.proc.returncode}\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 6000) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return "---- ComfyUI log (tail) ----\n" + f.read()[-chars:]
+        except OSError:
+            return "(no ComfyUI log)"
+
+    def log_text(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM to the server's pid, SIGKILL if it lingers; its exit status."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait(timeout)
+
+
+def start_server(work_dir: str) -> ComfyServer:
+    """A server with the pack linked in and an (initially empty) models folder under `work_dir`."""
+    comfy_root, python = comfyui_path(), comfyui_python()
+    return ComfyServer(comfy_root=comfy_root, python=python, work_dir=work_dir,
+                       models_dir=make_models_dir(work_dir), custom_nodes_dir=make_custom_nodes_dir(work_dir),
+                       output_dir=os.path.join(work_dir, "output")).start()
+
+
+# ---------------------------------------------------------------------------------------------------- in-process
+def run_inprocess_driver(work_dir: str, models_dir: str, workflows: list[str], timeout: float = 300) -> dict:
+    """Run `tests/comfyui_inprocess_driver.py` with COMFYUI_PYTHON on the workflows sized as `small_clip`;
+    its JSON report."""
+    comfy_root, python = comfyui_path(), comfyui_python()
+    custom_nodes = make_custom_nodes_dir(work_dir)
+    os.makedirs(os.path.join(work_dir, "workflows"), exist_ok=True)
+    resized = []
+    for path in workflows:
+        resized.append(os.path.join(work_dir, "workflows", os.path.basename(path)))
+        with open(resized[-1], "w", encoding="utf-8") as f:
+            json.dump(small_clip(load_json(path)), f)
+    workflows = resized
+    report_path = os.path.join(work_dir, "inprocess_report.json")
+    cmd = [python, os.path.join(PACK_ROOT, "tests", "comfyui_inprocess_driver.py"),
+           "--comfyui", comfy_root, "--pack", os.path.join(custom_nodes, PACK_FOLDER), "--models", models_dir,
+           "--out", os.path.join(work_dir, "output"), "--report", report_path, *workflows]
+    result = subprocess.run(cmd, cwd=work_dir, env=child_env(), capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0 or not os.path.isfile(report_path):
+        raise AssertionError(f"in-process driver failed (exit {result.returncode}):\n"
+                             f"{(result.stdout + result.stderr)[-6000:]}")
+    report = load_json(report_path)
+    report["out_dir"] = os.path.join(work_dir, "output")
+    report["log"] = (result.stdout + result.stderr)[-6000:]
+    return report

@@ -1,0 +1,204 @@
+"""Run API-format workflows through ComfyUI's own executor, in this process, with no server; write a JSON report.
+
+    COMFYUI_PYTHON tests/comfyui_inprocess_driver.py --comfyui ROOT --pack LINK --models DIR --out DIR \
+        --report FILE WORKFLOW.json...
+
+Started by tests/test_comfyui_inprocess.py with ComfyUI's interpreter. ComfyUI's root goes first on `sys.path`;
+the pack root never does (its package `nodes` would shadow ComfyUI's `nodes.py`): the pack is loaded only through
+`nodes.load_custom_node`, from a `custom_nodes/<folder>` link, exactly as the server loads it.
+
+The report holds, per workflow: validation, executor success and messages, the UI outputs; and two observations
+taken while the real executor ran:
+- `node_calls`: for every call of a pack node's FUNCTION, whether inference mode was on and grad off inside it;
+- `tensors`: `is_inference()` of every tensor in the pack nodes' raw outputs (the executor's output cache);
+- `handles` / `load_models_gpu`: the model-management patcher of every model handle a pack node returned, whether
+  ComfyUI's `load_models_gpu` received it, and whether its module (or a submodule) ran a forward pass;
+  `loaded_models_after`: `current_loaded_models` afterwards.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+
+def _isolate_sys_path(comfy_root: str) -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != here]
+    sys.path.insert(0, comfy_root)
+
+
+class StubServer:
+    """What PromptExecutor needs of PromptServer: a client id, the last node id and `send_sync`."""
+
+    def __init__(self) -> None:
+        self.client_id = None
+        self.last_node_id = None
+        self.last_prompt_id = None
+        self.sockets_metadata: dict = {}
+        self.events: list[tuple[str, Any]] = []
+
+    def send_sync(self, event: str, data: Any, sid: Any = None) -> None:
+        self.events.append((event, data))
+
+    def queue_updated(self) -> None:
+        pass
+
+
+def _tensors(value: Any, path: str, torch, depth: int = 0):
+    """(path, tensor) for every tensor in a node output: plain values, dicts, lists, dataclasses; not modules."""
+    if depth > 6 or isinstance(value, torch.nn.Module):
+        return
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _tensors(item, f"{path}.{key}", torch, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _tensors(item, f"{path}[{i}]", torch, depth + 1)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from _tensors(getattr(value, f.name), f"{path}.{f.name}", torch, depth + 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--comfyui", required=True)
+    parser.add_argument("--pack", required=True, help="custom_nodes/<folder> link to the pack root")
+    parser.add_argument("--models", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--report", required=True)
+    parser.add_argument("workflows", nargs="*")
+    args = parser.parse_args(argv)
+    _isolate_sys_path(os.path.abspath(args.comfyui))
+    report: dict[str, Any] = {"workflows": {}}
+    start = time.perf_counter()
+
+    # 1. ComfyUI's flags before anything imports comfy.model_management (it picks the device at import).
+    import comfy.options  # noqa: F401  (argument parsing stays off: args hold the defaults)
+    from comfy.cli_args import args as comfy_args
+    comfy_args.cpu = True
+    comfy_args.disable_api_nodes = True
+
+    # 2. Folders: output/temp in the test's folder, the tiny set as the models folders.
+    import folder_paths
+    os.makedirs(args.out, exist_ok=True)
+    folder_paths.set_output_directory(args.out)
+    folder_paths.set_temp_directory(os.path.join(args.out, "temp"))
+    for folder in ("diffusion_models", "text_encoders", "vae", "latent_upscale_models"):
+        folder_paths.add_model_folder_path(folder, os.path.join(args.models, folder), is_default=True)
+
+    # 3. The pack, loaded the way ComfyUI loads a custom node.
+    import torch
+    import comfy.model_management as mm
+    import comfy.model_patcher
+    import execution
+    import nodes
+    builtin = set(nodes.NODE_CLASS_MAPPINGS)
+    report["pack_loaded"] = asyncio.run(nodes.load_custom_node(args.pack, ignore=builtin,
+                                                                module_parent="custom_nodes"))
+    module = f"custom_nodes.{os.path.basename(args.pack)}"
+    pack_classes = {name: cls for name, cls in nodes.NODE_CLASS_MAPPINGS.items()
+                    if getattr(cls, "RELATIVE_PYTHON_MODULE", None) == module}
+    report["pack_nodes"] = sorted(pack_classes)
+    report["comfy_nodes_module"] = os.path.abspath(nodes.__file__)
+    report["setup_seconds"] = time.perf_counter() - start
+
+    # 4. Observers: a wrapper around each pack node's FUNCTION, and a spy on load_models_gpu.
+    calls: list[dict] = []
+    for name, cls in pack_classes.items():
+        original = getattr(cls, cls.FUNCTION)
+
+        def observed(self, *a, __original=original, __name=name, **kw):
+            call = {"class_type": __name, "inference_mode": torch.is_inference_mode_enabled(),
+                    "grad_enabled": torch.is_grad_enabled()}
+            calls.append(call)
+            t = time.perf_counter()
+            result = __original(self, *a, **kw)
+            call["seconds"] = round(time.perf_counter() - t, 3)
+            return result
+
+        setattr(cls, cls.FUNCTION, observed)
+    loaded_patchers: list = []
+    real_load_models_gpu = mm.load_models_gpu
+
+    def spy_load_models_gpu(models, *a, **kw):
+        loaded_patchers.extend(models)
+        return real_load_models_gpu(models, *a, **kw)
+
+    mm.load_models_gpu = spy_load_models_gpu
+    ran: set[int] = set()  # ids of every module whose forward ran (a global pre-hook; the models are tiny)
+    torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: ran.add(id(module)))
+
+    # 5. Validate and execute each workflow with a fresh executor (no cache shared between workflows).
+    for path in args.workflows:
+        name = os.path.splitext(os.path.basename(path))[0]
+        entry: dict[str, Any] = report["workflows"].setdefault(name, {})
+        with open(path, encoding="utf-8") as f:
+            prompt = json.load(f)
+        calls.clear()
+        loaded_patchers.clear()
+        ran.clear()
+        executor = None
+        t0 = time.perf_counter()
+        try:
+            valid, error, outputs, node_errors = asyncio.run(execution.validate_prompt(name, prompt, None))
+            entry.update(valid=bool(valid), validation_error=error, node_errors=node_errors)
+            if not valid:
+                continue
+            server = StubServer()
+            executor = execution.PromptExecutor(server, cache_type=execution.CacheType.CLASSIC)
+            executor.execute(prompt, name, {"client_id": None}, outputs)
+            entry["success"] = bool(executor.success)
+            entry["messages"] = [[event, {k: v for k, v in data.items() if k != "current_inputs"}]
+                                 for event, data in executor.status_messages if event != "execution_cached"]
+            entry["ui"] = executor.history_result["outputs"]
+            entry["node_calls"] = list(calls)
+            tensors, handles = [], []
+            seen = {id(p) for p in loaded_patchers}
+            for node_id, node in prompt.items():
+                if node["class_type"] not in pack_classes:
+                    continue
+                raw = executor.caches.outputs.get(node_id) or []
+                for i, per_output in enumerate(raw):
+                    for label, t in _tensors(per_output, f"{node_id}:{node['class_type']}[{i}]", torch):
+                        tensors.append({"node": node_id, "class_type": node["class_type"], "path": label,
+                                        "is_inference": bool(t.is_inference()), "requires_grad": t.requires_grad})
+                    for value in per_output if isinstance(per_output, list) else [per_output]:
+                        patcher = getattr(value, "patcher", None)
+                        if patcher is not None:
+                            handles.append({
+                                "node": node_id, "class_type": node["class_type"], "output": i,
+                                "patcher_type": f"{type(patcher).__module__}.{type(patcher).__qualname__}",
+                                "is_model_patcher": isinstance(patcher, comfy.model_patcher.ModelPatcher),
+                                "loaded_by_load_models_gpu": id(patcher) in seen,
+                                "ran_forward": any(id(m) in ran for m in value.module.modules()),
+                                "module": type(value.module).__name__})
+            entry["tensors"] = tensors
+            entry["handles"] = handles
+            entry["load_models_gpu"] = [type(getattr(p, "model", p)).__name__ for p in loaded_patchers]
+            entry["loaded_models_after"] = len(mm.current_loaded_models)
+        except Exception:  # the report carries the traceback; the test prints it
+            entry["exception"] = traceback.format_exc()
+        entry["seconds"] = time.perf_counter() - t0
+        executor = None
+
+    with open(args.report, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1, default=str)
+    # Free the models now: a ModelPatcher still alive at interpreter teardown logs an error from its __del__.
+    loaded_patchers.clear()
+    mm.unload_all_models()
+    gc.collect()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""The pack's API workflows through ComfyUI's own `execution.validate_prompt` + `PromptExecutor.execute`, in one
+ComfyUI process without a server (tests/comfyui_inprocess_driver.py, run with COMFYUI_PYTHON).
+
+Runs only when COMFYUI_PATH names a ComfyUI checkout; skipped otherwise. See docs/COMFYUI_TESTS.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import comfyui_harness as h
+from comfyui_harness import EXPECTED_NODES, EXPECTED_TEMPLATES
+
+pytestmark = h.requires_comfyui
+
+# Loaders whose model computes in every shipped graph (at least one video VAE decodes; another may serve only its
+# latent statistics).
+ALWAYS_COMPUTING = ("LTX25TransformerLoader", "LTX25VideoVAELoader", "LTX25AudioVAELoader", "LTX25UpsamplerLoader")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory, tiny_models) -> dict:
+    """One driver run over every API workflow on the session's tiny set."""
+    h.comfyui_path()
+    names = sorted({os.path.splitext(os.path.basename(p))[0] for p in h.api_workflows()} | set(EXPECTED_TEMPLATES))
+    paths = [os.path.join(h.PACK_ROOT, "workflows", "api", f"{n}.json") for n in names]
+    missing = [p for p in paths if not os.path.isfile(p)]
+    assert not missing, f"missing API workflows: {missing}"
+    return h.run_inprocess_driver(str(tmp_path_factory.mktemp("comfyui_inprocess")), tiny_models, paths)
+
+
+def _executed(report: dict, name: str) -> dict:
+    entry = _workflow(report, name)
+    assert entry["success"], f"{name}: the run failed (see the executor test above); its observations are partial"
+    return entry
+
+
+def _workflow(report: dict, name: str) -> dict:
+    entry = report["workflows"][name]
+    assert "exception" not in entry, f"{name}: the driver raised:\n{entry['exception']}"
+    assert entry["valid"], f"{name}: {json.dumps(entry['validation_error'])} {json.dumps(entry['node_errors'])}"
+    return entry
+
+
+def test_pack_loads_through_comfyuis_custom_node_loader_without_shadowing_its_nodes_module(report):
+    """`nodes.load_custom_node` imports the pack from its custom_nodes link and registers all 15 nodes, while
+    `nodes` stays ComfyUI's own module. Fails when the pack imports itself by absolute name (`import nodes...`),
+    which would resolve to ComfyUI's nodes.py inside ComfyUI."""
+    assert report["pack_loaded"] is True, report["log"]
+    assert report["pack_nodes"] == sorted(EXPECTED_NODES), report["pack_nodes"]
+    assert report["comfy_nodes_module"] == os.path.join(h.comfyui_path(), "nodes.py")
+
+
+@pytest.mark.parametrize("name", EXPECTED_TEMPLATES)
+def test_workflow_validates_and_executes_successfully_in_prompt_executor(report, name):
+    """ComfyUI's validate_prompt accepts the graph and PromptExecutor runs it to execution_success, with each
+    save node reporting its files. Fails on any error the real executor raises inside a pack node."""
+    entry = _workflow(report, name)
+    errors = [m for m in entry["messages"] if m[0] != "execution_start" and m[0] != "execution_success"]
+    assert entry["success"] and [m[0] for m in entry["messages"]][-1] == "execution_success", \
+        f"{name}: {json.dumps(errors)[:4000]}"
+    saved = [h.ui_files(ui) for ui in entry["ui"].values()]
+    assert any(saved), f"{name}: no output node reported a file: {entry['ui']}"
+    for files in saved:
+        for item in files:
+            path = os.path.join(report["out_dir"], item.get("subfolder", ""), item["filename"])
+            assert item["type"] != "output" or os.path.getsize(path) > 0, path
+
+
+@pytest.mark.parametrize("name", EXPECTED_TEMPLATES)
+def test_pack_nodes_run_in_inference_mode_inside_the_executor(report, name):
+    """Inside every pack node call, inference mode is on and grad is off, and every tensor the pack nodes hand
+    to the executor (latents, images, audio) is an inference tensor. Fails when a node moves work to another
+    thread (inference mode is thread-local) or re-enables grad, leaking autograd graphs and memory."""
+    entry = _executed(report, name)
+    calls = entry["node_calls"]
+    assert {c["class_type"] for c in calls} >= {"LTX25EmptyLatent", "LTX25DistilledSampler", "LTX25SaveVideo"}, \
+        f"{name}: pack node calls seen: {sorted({c['class_type'] for c in calls})}"
+    off = [c for c in calls if not c["inference_mode"] or c["grad_enabled"]]
+    assert not off, f"{name}: nodes called outside inference mode: {off}"
+    tensors = entry["tensors"]
+    assert any(t["class_type"] == "LTX25EmptyLatent" for t in tensors), f"{name}: no latent tensor observed"
+    leaked = [t for t in tensors if not t["is_inference"] or t["requires_grad"]]
+    assert not leaked, f"{name}: non-inference tensors in node outputs: {leaked[:10]}"
+
+
+@pytest.mark.parametrize("name", EXPECTED_TEMPLATES)
+def test_every_model_that_computes_was_loaded_by_comfy_model_management(report, name):
+    """Each model handle a loader returns carries a real `comfy.model_patcher.ModelPatcher`, and every one whose
+    module ran a forward pass during the run went through ComfyUI's `load_models_gpu` (so ComfyUI can place,
+    offload and evict it); models stay registered in `current_loaded_models` afterwards. A handle used only for
+    its metadata (a VAE's latent statistics) need not be loaded. Fails when a node runs a model it moved with
+    `.to(device)` behind model management's back, or the bridge falls back to its standalone patcher."""
+    entry = _executed(report, name)
+    handles = entry["handles"]
+    computed = {x["class_type"] for x in handles if x["ran_forward"]}
+    assert computed >= set(ALWAYS_COMPUTING), f"{name}: models that ran: {sorted(computed)}"
+    not_patchers = [x for x in handles if not x["is_model_patcher"]]
+    assert not not_patchers, f"{name}: handles without a ComfyUI ModelPatcher: {not_patchers}"
+    bypassed = [x for x in handles if x["ran_forward"] and not x["loaded_by_load_models_gpu"]]
+    assert not bypassed, f"{name}: ran without load_models_gpu: {bypassed}; loaded: {entry['load_models_gpu']}"
+    assert entry["loaded_models_after"] > 0, f"{name}: current_loaded_models is empty after the run"
