@@ -148,6 +148,12 @@ def make_patcher(module: torch.nn.Module):
     """Register a heavy module with model management (a ModelPatcher in ComfyUI); weights stay offloaded
     until `load_models` asks for them."""
     if HAS_COMFY:
+        if isinstance(getattr(type(module), "device", None), property):
+            # ModelPatcher assigns `model.device`; diffusers models make it a read-only property. Hold the module
+            # in a plain container so the assignment lands there (Loaded.module stays the model itself).
+            holder = torch.nn.Module()
+            holder.inner = module
+            module = holder
         return _patcher.ModelPatcher(module, load_device=compute_device(), offload_device=offload_device(),
                                      size=module_bytes(module))
     return StandalonePatcher(module, compute_device(), offload_device())

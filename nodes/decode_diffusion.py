@@ -6,8 +6,8 @@ from .ltx.errors import LTX25Error
 
 CATEGORY = "LTX-2.5/decode"
 PROCESSOR_INPUT = (["auto", "sdpa", "natten", "comfy_kitchen"], {"default": "auto", "tooltip": (
-    "Neighborhood-attention backend. auto: the fastest available (comfy_kitchen's fused kernel on CUDA, else "
-    "sdpa). sdpa: exact PyTorch reference, runs anywhere. All give the same video within float tolerance.")})
+    "Neighborhood-attention backend. auto: the fastest measured (sdpa, on CUDA and CPU; docs/PERFORMANCE.md). "
+    "sdpa: exact blocked PyTorch attention, runs anywhere. All give the same video within float tolerance.")})
 TILING_INPUTS = {
     "tiling": (["auto", "off", "manual"], {"default": "auto", "tooltip": (
         "auto: tile only when the decode would not fit the memory budget. off: one tile. manual: the sizes below. "
@@ -54,7 +54,8 @@ class LTX25DiffusionVAEDecode:
                                       tile_frames=tile_frames, tile_pixels=tile_pixels, budget_bytes=budget,
                                       on_step=bridge.step_callback(1, "diffusion VAE decode"),
                                       out_device=bridge.intermediate_device())
-        return images, stats
+        # The ui entry carries the figures the canvas shows on the node (web/ltx25_ab_viewer.js).
+        return {"ui": {"ltx25_decode_stats": [stats.as_dict()]}, "result": (images, stats)}
 
 
 NODE_CLASS_MAPPINGS = {"LTX25DiffusionVAEDecode": LTX25DiffusionVAEDecode}

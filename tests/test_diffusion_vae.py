@@ -311,8 +311,10 @@ def test_node_decodes_and_refuses_a_conv_vae(tiny_file):
     path = tiny_file("diffusion_vae")
     handle = Loaded.register(dv.load_diffusion_vae(path, torch.float32), inspect_asset(path))
     node = LTX25DiffusionVAEDecode()
-    images, stats = node.decode(handle, {"samples": LATENT[:, :, :, :2, :2]}, "auto", 0, 5, "auto", 80, 512, 0.0)
+    out = node.decode(handle, {"samples": LATENT[:, :, :, :2, :2]}, "auto", 0, 5, "auto", 80, 512, 0.0)
+    images, stats = out["result"]
     assert images.shape == (17, 64, 64, 3) and stats.decoder == "diffusion" and stats.steps == 1
+    assert out["ui"]["ltx25_decode_stats"] == [stats.as_dict()]  # what the canvas shows on the node
     assert stats.processor == "sdpa" and stats.tile_count == 1
     conv = types.SimpleNamespace(module=types.SimpleNamespace(kind="conv"))
     with pytest.raises(LTX25Error, match="Conv VAE Decode"):

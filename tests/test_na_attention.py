@@ -94,15 +94,14 @@ def test_grid_smaller_than_the_kernel_is_refused():
 @pytest.mark.parametrize("device,ck,natten,want", [
     ("cpu", ("eager",), (True, False), "sdpa"),
     ("cpu", ("cuda", "triton", "eager"), (True, True), "sdpa"),
-    ("cuda", ("cuda", "triton", "eager"), (False, False), "comfy_kitchen"),
-    ("cuda", ("triton", "eager"), (True, False), "comfy_kitchen"),
-    ("cuda", ("eager",), (True, False), "sdpa"),
-    ("cuda", ("eager",), (True, True), "natten"),
+    ("cuda", ("cuda", "triton", "eager"), (False, False), "sdpa"),
+    ("cuda", ("triton", "eager"), (True, False), "sdpa"),
+    ("cuda", ("eager",), (True, True), "sdpa"),
     ("cuda", (), (False, False), "sdpa"),
 ])
-def test_auto_picks_the_fastest_available(device, ck, natten, want):
-    """The auto gate itself: a fused GPU kernel when one is present, the exact SDPA reference otherwise; the CPU
-    always gets sdpa (comfy_kitchen/NATTEN only run eager/flex there)."""
+def test_auto_picks_the_fastest_measured(device, ck, natten, want):
+    """The auto gate itself: blocked SDPA everywhere, because it measured faster than comfy_kitchen's fused CUDA kernel
+    on an H200 at both benchmark sizes (docs/PERFORMANCE.md); an explicit choice is always kept."""
     assert na.choose_processor("auto", device, ck, natten) == want
     assert na.choose_processor("natten", device, ck, natten) == "natten"  # an explicit choice is kept
 
