@@ -26,8 +26,9 @@ DECODER_COLORS = {"conv": ("#2a4d6e", "#1d3a55"), "diffusion": ("#6e3a2a", "#552
 Spec = list[tuple[int, str, str, dict[str, Any]]]
 
 
-def _common(seed: int = 42) -> Spec:
-    """Loaders → encode → connector → half-size stage 1 → upsample → stage 2 (shared by all three graphs)."""
+def _common(stats_vae: int, seed: int = 42) -> Spec:
+    """Loaders → encode → connector → half-size stage 1 → upsample → stage 2 (shared by all three graphs).
+    `stats_vae` is the video-VAE loader whose per-channel statistics the upsampler uses (both VAEs share them)."""
     return [
         (1, "LTX25TransformerLoader", "Transformer (DiT + connectors)", {"transformer_file": FILES["transformer"]}),
         (2, "LTX25TextEncoderLoader", "Gemma-4 text encoder", {"text_encoder_file": FILES["text_encoder"]}),
@@ -35,12 +36,12 @@ def _common(seed: int = 42) -> Spec:
         (4, "LTX25Connector", "Embeddings connectors", {"model": (1, 0), "text_features": (3, 0)}),
         (5, "LTX25EmptyLatent", "Size (final; stage 1 runs at half)", {"width": 768, "height": 512, "frames": 121}),
         (6, "LTX25UpsamplerLoader", "Latent upsampler x2", {"upsampler_file": FILES["upsampler"]}),
-        (7, "LTX25VideoVAELoader", "Conv video VAE", {"vae_file": FILES["conv_vae"]}),
         (9, "LTX25AudioVAELoader", "Audio VAE + vocoder", {"audio_vae_file": FILES["audio_vae"]}),
         (10, "LTX25DistilledSampler", "Stage 1 (8 steps, half size)",
          {"model": (1, 0), "conditioning": (4, 0), "video_latent": (5, 0), "audio_latent": (5, 1), "seed": seed,
           "stage": "1"}),
-        (11, "LTX25LatentUpsample", "Upsample x2", {"upsampler": (6, 0), "video_vae": (7, 0), "video_latent": (10, 0)}),
+        (11, "LTX25LatentUpsample", "Upsample x2",
+         {"upsampler": (6, 0), "video_vae": (stats_vae, 0), "video_latent": (10, 0)}),
         (12, "LTX25DistilledSampler", "Stage 2 (3 steps, full size)",
          {"model": (1, 0), "conditioning": (4, 0), "video_latent": (11, 0), "audio_latent": (10, 1), "seed": seed,
           "stage": "2"}),
@@ -49,7 +50,8 @@ def _common(seed: int = 42) -> Spec:
 
 
 def _conv_decode() -> Spec:
-    return [(13, "LTX25ConvVAEDecode", "Conv VAE decode", {"video_vae": (7, 0), "latent": (12, 0)})]
+    return [(7, "LTX25VideoVAELoader", "Conv video VAE", {"vae_file": FILES["conv_vae"]}),
+            (13, "LTX25ConvVAEDecode", "Conv VAE decode", {"video_vae": (7, 0), "latent": (12, 0)})]
 
 
 def _diffusion_decode() -> Spec:
@@ -57,19 +59,19 @@ def _diffusion_decode() -> Spec:
             (14, "LTX25DiffusionVAEDecode", "Diffusion VAE decode", {"video_vae": (8, 0), "latent": (12, 0)})]
 
 
-def _save(node_id: int, images: tuple[int, int], prefix: str, title: str) -> tuple:
+def _save(node_id: int, images: tuple[int, int], prefix: str, title: str, **extra: Any) -> tuple:
     return (node_id, "LTX25SaveVideo", title, {"images": images, "audio": (15, 0), "fps": 24.0,
-                                               "filename_prefix": prefix})
+                                               "filename_prefix": prefix, **extra})
 
 
 WORKFLOWS: dict[str, dict[str, Any]] = {
     "ltx25_t2v_distilled_decoder_ab": {
-        "nodes": _common() + _conv_decode() + _diffusion_decode() + [
+        "nodes": _common(stats_vae=7) + _conv_decode() + _diffusion_decode() + [
             (16, "LTX25DecoderCompare", "A/B: conv vs diffusion",
              {"images_a": (13, 0), "images_b": (14, 0), "stats_a": (13, 1), "stats_b": (14, 1)}),
             _save(17, (13, 0), "ltx25_ab_conv", "Save conv"),
             _save(18, (14, 0), "ltx25_ab_diffusion", "Save diffusion"),
-            _save(19, (16, 0), "ltx25_ab_side_by_side", "Save side by side")],
+            _save(19, (16, 0), "ltx25_ab_side_by_side", "Save side by side", metadata=(16, 1))],
         "notes": {
             1: "Put the six official LTX-2.5 files in ComfyUI's model folders (README). Pick each file here.",
             14: "Processor: auto picks the fastest measured neighborhood attention (sdpa); comfy_kitchen and natten are selectable. "
@@ -79,12 +81,12 @@ WORKFLOWS: dict[str, dict[str, Any]] = {
         },
     },
     "ltx25_t2v_distilled_conv": {
-        "nodes": _common() + _conv_decode() + [_save(17, (13, 0), "ltx25_conv", "Save video")],
+        "nodes": _common(stats_vae=7) + _conv_decode() + [_save(17, (13, 0), "ltx25_conv", "Save video")],
         "notes": {1: "Put the official LTX-2.5 files in ComfyUI's model folders (README). Pick each file here.",
                   13: "Tiling auto tiles only when the decode would not fit in free memory."},
     },
     "ltx25_t2v_distilled_diffusion_vae": {
-        "nodes": _common() + _diffusion_decode() + [_save(18, (14, 0), "ltx25_diffusion_vae", "Save video")],
+        "nodes": _common(stats_vae=8) + _diffusion_decode() + [_save(18, (14, 0), "ltx25_diffusion_vae", "Save video")],
         "notes": {1: "Put the official LTX-2.5 files in ComfyUI's model folders (README). Pick each file here.",
                   14: "Processor: auto picks the fastest neighborhood attention available; steps 0 = the checkpoint's "
                       "default (1)."},
@@ -131,6 +133,8 @@ def to_ui(prompt: Mapping[str, dict], notes: Mapping[int, str], classes: Mapping
             if isinstance(value, list):
                 links.append([len(links) + 1, int(value[0]), value[1], int(node_id), len(inputs), kind])
                 inputs.append({"name": name, "type": kind, "link": len(links)})
+                if is_widget(kind):  # a widget fed by a link: the canvas marks it as a converted widget
+                    inputs[-1]["widget"] = {"name": name}
             elif not is_widget(kind):
                 inputs.append({"name": name, "type": kind, "link": None})
             elif name in node["inputs"]:
