@@ -8,10 +8,12 @@ in one run on the same weights and inputs:
 - `ours`: `nodes.ltx.transformer.denoise` (eager diffusers blocks, cached positions, [B,1] timesteps);
 - `diffusers`: a plain `LTX2VideoTransformer3DModel` forward as diffusers' LTX-2 pipeline calls it (its own coords,
   an all-ones text mask, per-sample timesteps) plus the x0 arithmetic;
-- `graphed`: ours with the whole DiT forward captured in one CUDA graph per shape (static buffers; the host no
-  longer issues ~15k kernel launches per step);
-- `compiled`: ours with `torch.compile` on each transformer block (diffusers' regional compilation);
-- `compiled_graphed`: both.
+- `graphed`: the sampler's `cuda_graph` denoiser (`nodes.ltx.accelerated_denoise.make_denoiser`): the whole DiT
+  forward captured in one CUDA graph per shape (static buffers; the host no longer issues ~15k kernel launches per
+  step);
+- `compiled`: its `compile` mode: `torch.compile` on each transformer block (diffusers' regional compilation);
+- `compiled_graphed`: its `compile_cuda_graph` mode: both, inside a cuDNN attention backend context. An
+  `--attention-backend` set on the model wins over that context (`native` measures the graph without cuDNN).
 Reports the median seconds of `--runs` runs, max |x0 − x0_ours_eager| of each variant, FLOPs of one step (torch's
 FlopCounterMode) and the fraction of `--peak-tflops` (bf16 dense), peak memory, and the whole 8 + 3 step distilled
 sampling (denoiser calls + Euler updates) for every variant. Prints one JSON line.
@@ -31,6 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nodes.ltx import transformer as T  # noqa: E402
+from nodes.ltx.accelerated_denoise import make_denoiser  # noqa: E402
 from nodes.ltx.conditioning import Conditioning  # noqa: E402
 from nodes.ltx.positions import (first_frame_keyframes_mask, patchify_audio, patchify_video,  # noqa: E402
                                  unpatchify_audio, unpatchify_video)
@@ -96,44 +99,6 @@ def plain_diffusers(model: T.LTX25Transformer, cond: Conditioning, fps: float):
     return denoise
 
 
-class Graphed:
-    """Our denoiser with `T.velocity` captured in a CUDA graph per latent shape (inputs copied into static
-    buffers, σ filled on the device, so a step is one graph replay plus the x0 arithmetic)."""
-
-    def __init__(self, model: T.LTX25Transformer, cond: Conditioning, fps: float) -> None:
-        self.model, self.cond, self.fps, self.graphs = model, cond, fps, {}
-
-    def _capture(self, video: torch.Tensor, audio: torch.Tensor):
-        model, weight = self.model, self.model.dit.proj_in.weight
-        b, _, f, h, w = video.shape
-        grid = model.grid(b, f, h, w, audio.shape[2], self.fps, weight.device)
-        context = model.context(self.cond, weight.device, weight.dtype)
-        vt, at = patchify_video(video).to(weight.dtype).clone(), patchify_audio(audio).to(weight.dtype).clone()
-        sigma = torch.full((b,), 0.5, device=weight.device)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside the capture (allocator, lazy inits, compiled kernels)
-                T.velocity(model, vt, at, sigma, context, grid)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = T.velocity(model, vt, at, sigma, context, grid)
-        return graph, vt, at, sigma, out, (context, grid)  # the graph reads these addresses: keep them alive
-
-    def __call__(self, video: torch.Tensor, audio: torch.Tensor, sigma: float):
-        key = (tuple(video.shape), tuple(audio.shape))
-        if key not in self.graphs:
-            self.graphs[key] = self._capture(video, audio)
-        graph, vt, at, sigma_t, (v, a), _ = self.graphs[key]
-        vt.copy_(patchify_video(video))
-        at.copy_(patchify_audio(audio))
-        sigma_t.fill_(sigma)
-        graph.replay()
-        return (video.float() - unpatchify_video(v, video.shape).float() * sigma,
-                audio.float() - unpatchify_audio(a, audio.shape).float() * sigma)
-
-
 def step_flops(model: T.LTX25Transformer, video, audio, cond: Conditioning) -> int:
     from torch.utils.flop_counter import FlopCounterMode
     with FlopCounterMode(display=False) as counter:
@@ -195,10 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     ours = lambda video, audio, sigma: T.denoise(model, video, audio, sigma, cond, FPS)  # noqa: E731
     denoisers = {"ours": ours, "diffusers": plain_diffusers(model, cond, FPS)}
     if device.type == "cuda":
-        denoisers["graphed"] = Graphed(model, cond, FPS)
+        denoisers["graphed"] = make_denoiser(model, cond, FPS, "cuda_graph")
     stats = {stage: {"video": list(shapes[stage][0]), "audio": list(shapes[stage][1])} for stage in shapes}
     reference, sampling = {}, {}
-    result["sampling_8_plus_3_s"] = sampling  # per variant, measured right after its steps (compile mutates)
+    result["sampling_8_plus_3_s"] = sampling  # per variant, measured right after its steps
 
     def measure(name: str, denoise) -> None:
         for stage, (video, audio) in inputs.items():
@@ -238,15 +203,15 @@ def main(argv: list[str] | None = None) -> int:
             measure(name, denoisers[name])
     if {"compiled", "compiled_graphed"} & set(variants):
         try:
-            model.dit.compile_repeated_blocks(fullgraph=False)
+            compiled = make_denoiser(model, cond, FPS, "compile")
             start = time.perf_counter()
             with torch.inference_mode():  # first calls compile; report that time apart from the steady state
                 for video, audio in inputs.values():
-                    ours(video, audio, 0.725)
+                    compiled(video, audio, 0.725)
             result["compile_s"] = round(time.perf_counter() - start, 1)
-            denoisers["compiled"] = ours
+            denoisers["compiled"] = compiled
             if device.type == "cuda":
-                denoisers["compiled_graphed"] = Graphed(model, cond, FPS)
+                denoisers["compiled_graphed"] = make_denoiser(model, cond, FPS, "compile_cuda_graph")
             for name in ("compiled", "compiled_graphed"):
                 if name in variants and name in denoisers:
                     measure(name, denoisers[name])

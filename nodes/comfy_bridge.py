@@ -119,9 +119,10 @@ def module_bytes(module: torch.nn.Module) -> int:
 class StandalonePatcher:
     """The few parts of ComfyUI's ModelPatcher the pack uses, for running without ComfyUI."""
 
-    def __init__(self, model: torch.nn.Module, load_device: torch.device, offload_device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, load_device: torch.device, offload_device: torch.device,
+                 on_unload: Callable[[torch.nn.Module], None] | None = None) -> None:
         self.model, self.load_device, self.offload_device = model, load_device, offload_device
-        self.size = module_bytes(model)
+        self.size, self.on_unload = module_bytes(model), on_unload
 
     def model_size(self) -> int:
         return self.size
@@ -133,6 +134,8 @@ class StandalonePatcher:
     def unload(self) -> None:
         if self.load_device != self.offload_device:
             self.model.to(self.offload_device)
+        if self.on_unload is not None:
+            self.on_unload(self.model)
 
 
 # Weak references, like ComfyUI's LoadedModel: a model whose last user dropped it must not be kept alive here.
@@ -144,19 +147,25 @@ def _standalone_live() -> list[StandalonePatcher]:
     return [ref() for ref in _standalone_loaded]
 
 
-def make_patcher(module: torch.nn.Module):
+def make_patcher(module: torch.nn.Module, on_unload: Callable[[torch.nn.Module], None] | None = None):
     """Register a heavy module with model management (a ModelPatcher in ComfyUI); weights stay offloaded
-    until `load_models` asks for them."""
+    until `load_models` asks for them. `on_unload(module)` runs when model management moves it off the device
+    (to free working memory that lives beside the weights, such as CUDA graphs)."""
     if HAS_COMFY:
+        engine_module = module
         if isinstance(getattr(type(module), "device", None), property):
             # ModelPatcher assigns `model.device`; diffusers models make it a read-only property. Hold the module
             # in a plain container so the assignment lands there (Loaded.module stays the model itself).
             holder = torch.nn.Module()
             holder.inner = module
             module = holder
-        return _patcher.ModelPatcher(module, load_device=compute_device(), offload_device=offload_device(),
-                                     size=module_bytes(module))
-    return StandalonePatcher(module, compute_device(), offload_device())
+        patcher = _patcher.ModelPatcher(module, load_device=compute_device(), offload_device=offload_device(),
+                                        size=module_bytes(module))
+        if on_unload is not None:
+            from comfy.patcher_extension import CallbacksMP
+            patcher.add_callback(CallbacksMP.ON_DETACH, lambda _patcher, _unpatch_all: on_unload(engine_module))
+        return patcher
+    return StandalonePatcher(module, compute_device(), offload_device(), on_unload)
 
 
 def load_models(patchers: list, memory_required: int = 0) -> None:

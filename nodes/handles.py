@@ -3,6 +3,7 @@ the inspected file it came from."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -18,8 +19,9 @@ class Loaded:
     info: AssetInfo
 
     @classmethod
-    def register(cls, module: torch.nn.Module, info: AssetInfo) -> "Loaded":
-        return cls(module, bridge.make_patcher(module), info)
+    def register(cls, module: torch.nn.Module, info: AssetInfo,
+                 on_unload: Callable[[torch.nn.Module], None] | None = None) -> "Loaded":
+        return cls(module, bridge.make_patcher(module, on_unload), info)
 
     def ready(self, memory_required: int = 0) -> torch.nn.Module:
         """Load onto the compute device through model management (evicting others if needed); the module."""

@@ -34,9 +34,11 @@ class LTX25TransformerLoader:
             "weight_dtype": _dtype_input()}}
 
     def load(self, transformer_file: str, weight_dtype: str):
+        from .ltx.accelerated_denoise import release
         from .ltx.transformer import load_transformer
         info = expect_kind(bridge.model_file_path("diffusion_models", transformer_file), Kind.TRANSFORMER)
-        return (Loaded.register(load_transformer(info.path, WEIGHT_DTYPES[weight_dtype]), info),)
+        # The sampler's CUDA graphs hold a forward's activations: free them whenever the weights are offloaded.
+        return (Loaded.register(load_transformer(info.path, WEIGHT_DTYPES[weight_dtype]), info, on_unload=release),)
 
 
 class LTX25TextEncoderLoader:

@@ -5,11 +5,17 @@ from __future__ import annotations
 from . import comfy_bridge as bridge
 from .ltx import latents, sampling
 from .ltx import upsampler as ltx_upsampler
+from .ltx.accelerated_denoise import ACCELERATIONS
 
 CATEGORY = "LTX-2.5/sampling"
 MAX_SEED = 0xFFFFFFFFFFFFFFFF
 LATENT_PAIR_TOOLTIPS = ("Video latent [B,128,F',H/32,W/32] (normalized), with its frame_rate.",
                         "Audio latent [B,8,T,16], with its frame_rate.")
+ACCELERATION_TOOLTIP = (
+    "auto: cuda_graph on a CUDA GPU, eager elsewhere. H200, 22B bf16, s/step stage 1 / 2 (8+3 sampling): "
+    "eager 0.36 / 0.49 (3.5 s); cuda_graph 0.135 / 0.478 (2.5 s), bit-identical to eager, one capture per shape; "
+    "compile_cuda_graph (torch.compile + graph + cuDNN attention) 0.094 / 0.353 (1.85 s), ~30 s to compile on "
+    "first use, differs from eager by bf16 rounding. Graph modes need CUDA.")
 
 
 class LTX25EmptyLatent:
@@ -68,12 +74,14 @@ class LTX25DistilledSampler:
                         "of LTX-2.5, Euler otherwise."}),
             "cfg": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 30.0, "step": 0.1,
                               "tooltip": "Must stay 1.0: distilled models take no CFG."}),
+            "acceleration": (list(ACCELERATIONS), {"default": "auto", "tooltip": ACCELERATION_TOOLTIP}),
         }, "optional": {
             "sigmas": ("STRING", {"default": "", "tooltip": "Custom schedule, e.g. '1.0, 0.9, 0.5, 0.0' (decreasing, "
                                   "≤ 1, ending at 0). Blank: the distilled schedule of the stage."}),
         }}
 
-    def sample(self, model, conditioning, video_latent, audio_latent, seed, stage, sampler, cfg, sigmas=""):
+    def sample(self, model, conditioning, video_latent, audio_latent, seed, stage, sampler, cfg, sigmas="",
+               acceleration="auto"):
         sampling.check_cfg(cfg, model.info.name, "LTX25DistilledSampler.cfg")
         fps = latents.frame_rate(video_latent, "LTX25DistilledSampler.video_latent")
         video, audio = video_latent["samples"], audio_latent["samples"]
@@ -85,7 +93,7 @@ class LTX25DistilledSampler:
             video, audio = sampling.sample_distilled(
                 module, conditioning, video, audio, fps=fps, seed=seed, stage=int(stage), sampler=sampler,
                 sigmas=schedule, on_step=bridge.step_callback(len(schedule) - 1, f"LTX-2.5 stage {stage}"),
-                output_device=bridge.intermediate_device())
+                output_device=bridge.intermediate_device(), acceleration=acceleration)
         finally:
             bridge.empty_cache()  # the step activations; also on interrupt, so nothing is left half-used
         return ({**video_latent, "samples": video}, {**audio_latent, "samples": audio, "type": "audio"})

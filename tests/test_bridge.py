@@ -64,3 +64,12 @@ def test_interrupt_raises_the_bridge_exception_once():
     else:
         raise AssertionError("the interrupt was not raised")
     on_step(2, 3)  # the flag is consumed
+
+
+def test_unloading_runs_the_models_release_hook():
+    """The transformer's CUDA graphs are freed when model management offloads it (standalone patcher)."""
+    released = []
+    patcher = bridge.make_patcher(torch.nn.Linear(2, 2), on_unload=released.append)
+    bridge.load_models([patcher])
+    bridge.unload_model(patcher)
+    assert released == [patcher.model]

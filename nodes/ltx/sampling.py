@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from .accelerated_denoise import make_denoiser
 from .assets import model_version_tuple
 from .errors import LTX25Error
 from .latents import UPSAMPLE_FACTOR
@@ -195,20 +196,21 @@ def activation_memory_bytes(model: torch.nn.Module, video_shape: Sequence[int], 
 def sample_distilled(model: torch.nn.Module, conditioning, video: torch.Tensor, audio: torch.Tensor, *, fps: float,
                      seed: int, stage: int, sampler: str = "auto", sigmas: Sequence[float] | None = None,
                      on_step: OnStep | None = None, output_device: torch.device | None = None,
-                     denoise: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     acceleration: str = "auto", denoise: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One distilled stage with the LTX-2.5 transformer: `model` (carries `.model_version`), `conditioning`
     (`Conditioning`), video `[B,128,F',H',W']` + audio `[B,8,T,16]` at `fps` → sampled latents on `output_device`
-    (default: where they came from). `denoise` defaults to `nodes.ltx.transformer.denoise`."""
+    (default: where they came from). The denoiser comes from `accelerated_denoise.make_denoiser(…, acceleration)`;
+    `denoise(model, video, audio, sigma, cond, fps)` replaces it (tests)."""
     if stage not in (1, 2):
         raise LTX25Error("stage", "the stage", stage, "1 or 2")
-    if denoise is None:
-        from .transformer import denoise  # written beside the DiT; imported on use so this module stands alone
     out_device = output_device or video.device
     device = next(model.parameters()).device
     video, audio = video.to(device), audio.to(device)
-
-    def denoise_fn(v: torch.Tensor, a: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return denoise(model, v, a, sigma, conditioning, fps)
+    if denoise is None:
+        denoise_fn = make_denoiser(model, conditioning, fps, acceleration)
+    else:
+        def denoise_fn(v: torch.Tensor, a: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+            return denoise(model, v, a, sigma, conditioning, fps)
 
     chosen = resolve_sampler(sampler, stage, model.model_version)
     video, audio = sample_stage(denoise_fn, video, audio, sigmas or default_sigmas(stage), chosen, seed, stage,
