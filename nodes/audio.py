@@ -25,7 +25,7 @@ class LTX25AudioDecode:
         samples = check_audio_latent(latent.get("samples"), f"{NODE}.audio_latent")
         vae = audio_vae.ready(audio_vae.module.memory_bytes(tuple(samples.shape)))
         # The LATENT carries the clip's frame rate; with it the decode checks that the audio spans the video.
-        audio = decode_audio(vae, samples, fps=latent.get("frame_rate"), frames=latent.get("frames"), where=NODE)
+        audio = decode_audio(vae, samples, fps=latent.get("frame_rate"), where=NODE)
         audio["waveform"] = audio["waveform"].to(bridge.intermediate_device())
         return (audio,)
 

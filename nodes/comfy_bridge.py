@@ -13,6 +13,8 @@ from typing import Callable
 
 import torch
 
+from .ltx.device_memory import free_bytes
+
 try:  # ComfyUI present: the real thing.
     import comfy.model_management as _mm
     import comfy.model_patcher as _patcher
@@ -98,10 +100,7 @@ def free_device_memory(device: torch.device | None = None) -> int:
     device = device or compute_device()
     if HAS_COMFY:
         return int(_mm.get_free_memory(device))
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-    return 1 << 62  # the CPU: "ample"; callers that tile on the CPU pass a budget explicitly
+    return free_bytes(device)
 
 
 def empty_cache() -> None:

@@ -49,7 +49,8 @@ class LTX25ConvVAEDecode:
             **TILING_INPUTS}}
 
     def decode(self, video_vae, latent, tiling, spatial_tile, spatial_overlap, temporal_tile, temporal_overlap):
-        from .ltx.conv_vae import check_video_latent, decode_conv, decode_plan
+        from .ltx.conv_vae import decode_conv, decode_plan
+        from .ltx.latents import check_video_latent
         kind = getattr(video_vae.module, "kind", None)
         if kind != "conv":
             raise LTX25Error(f"{NODE}.video_vae", "the connected video VAE", f"a {kind or 'non-LTX'} VAE "

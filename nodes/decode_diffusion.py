@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 from . import comfy_bridge as bridge
+from .ltx.diffusion_vae import TILING_MODES
 from .ltx.errors import LTX25Error
 
 CATEGORY = "LTX-2.5/decode"
+NODE = "LTX25DiffusionVAEDecode"
 PROCESSOR_INPUT = (["auto", "sdpa", "natten", "comfy_kitchen"], {"default": "auto", "tooltip": (
     "Neighborhood-attention backend. auto: the fastest measured (sdpa, on CUDA and CPU; docs/PERFORMANCE.md). "
     "sdpa: exact blocked PyTorch attention, runs anywhere. All give the same video within float tolerance.")})
 TILING_INPUTS = {
-    "tiling": (["auto", "off", "manual"], {"default": "auto", "tooltip": (
+    "tiling": (list(TILING_MODES), {"default": "auto", "tooltip": (
         "auto: tile only when the decode would not fit the memory budget. off: one tile. manual: the sizes below. "
         "Overlaps are always the decoder's safe 40 frames / 160 px.")}),
     "tile_frames": ("INT", {"default": 80, "min": 16, "max": 4096, "step": 8,
@@ -37,18 +39,27 @@ class LTX25DiffusionVAEDecode:
             "latent": ("LATENT", {"tooltip": "Video latent [B, 128, F', H/32, W/32] from the sampler."}),
             "processor": PROCESSOR_INPUT,
             "steps": ("INT", {"default": 0, "min": 0, "max": 50, "tooltip": "Denoising steps; 0 = the file's (1)."}),
-            "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF,
+            # False on purpose: the frontend gives any INT named "seed" a "control after generate" widget unless
+            # told not to, which adds a widgets_values slot the shipped templates do not have (it shifted tiling).
+            "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": False,
                              "tooltip": "Seed of the decoder's start noise."}),
             **TILING_INPUTS}}
 
     def decode(self, video_vae, latent, processor, steps, seed, tiling, tile_frames, tile_pixels, memory_budget_gb):
         from .ltx import diffusion_vae as engine
+        from .ltx.latents import check_video_latent
         if getattr(video_vae.module, "kind", None) != "diffusion":
-            raise LTX25Error("video_vae", "the connected VAE", f"a {getattr(video_vae.module, 'kind', '?')} VAE",
-                             "the diffusion VAE", "Decode it with LTX-2.5 Conv VAE Decode instead.")
-        samples = latent["samples"]
+            raise LTX25Error(f"{NODE}.video_vae", "the connected VAE",
+                             f"a {getattr(video_vae.module, 'kind', '?')} VAE", "the diffusion VAE",
+                             "Decode it with LTX-2.5 Conv VAE Decode instead.")
+        samples = check_video_latent(latent.get("samples") if isinstance(latent, dict) else latent, f"{NODE}.latent")
+        weights = bridge.module_bytes(video_vae.module)
+        if 0 < memory_budget_gb * 2**30 <= weights:
+            raise LTX25Error(f"{NODE}.memory_budget_gb", "the budget", f"{memory_budget_gb} GiB",
+                             f"more than the decoder's own {weights / 2**30:.2f} GiB of weights",
+                             "Raise it, or set 0 to use the free device memory.")
         vae = video_vae.ready(engine.decode_memory_estimate(video_vae.module, tuple(samples.shape)))
-        budget = (int(memory_budget_gb * 2**30) - bridge.module_bytes(vae) if memory_budget_gb > 0
+        budget = (int(memory_budget_gb * 2**30) - weights if memory_budget_gb > 0
                   else bridge.free_device_memory())
         images, stats = engine.decode(vae, samples, processor=processor, steps=steps, seed=seed, tiling_mode=tiling,
                                       tile_frames=tile_frames, tile_pixels=tile_pixels, budget_bytes=budget,

@@ -37,7 +37,8 @@ def ui_to_api(workflow: Mapping[str, Any], classes: Mapping[str, type]) -> dict[
     """Convert a UI workflow (what the canvas saves) to the API prompt the canvas would queue.
 
     Widgets map positionally onto the widget inputs in INPUT_TYPES order; the UI-only value that follows a
-    `control_after_generate` INT (e.g. "fixed") is skipped; links become [source_id, slot]; muted (mode 2) nodes
+    `control_after_generate` INT (e.g. "fixed") is skipped; a widget fed by a link keeps a saved value, which the
+    link overrides (as the canvas saves it); links become [source_id, slot]; muted (mode 2) nodes
     and notes are left out; bypassed (mode 4) nodes are refused since the runner has no pass-through.
     """
     links = {link[0]: link for link in workflow.get("links", [])}
@@ -55,9 +56,7 @@ def ui_to_api(workflow: Mapping[str, Any], classes: Mapping[str, type]) -> dict[
         linked = {i["name"]: i.get("link") for i in node.get("inputs", [])}
         values = list(node.get("widgets_values", []))
         for name, (kind, options, _required) in input_specs(classes[class_type]).items():
-            if is_widget(kind) and linked.get(name) is None:
-                if not values:
-                    break
+            if is_widget(kind) and values:
                 inputs[name] = values.pop(0)
                 if options.get("control_after_generate") and values and values[0] in ("fixed", "randomize", "increment", "decrement"):
                     values.pop(0)

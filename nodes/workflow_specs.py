@@ -133,8 +133,9 @@ def to_ui(prompt: Mapping[str, dict], notes: Mapping[int, str], classes: Mapping
             if isinstance(value, list):
                 links.append([len(links) + 1, int(value[0]), value[1], int(node_id), len(inputs), kind])
                 inputs.append({"name": name, "type": kind, "link": len(links)})
-                if is_widget(kind):  # a widget fed by a link: the canvas marks it as a converted widget
+                if is_widget(kind):  # a widget fed by a link: marked as such, its saved value is the default
                     inputs[-1]["widget"] = {"name": name}
+                    widgets.append(options.get("default", ""))
             elif not is_widget(kind):
                 inputs.append({"name": name, "type": kind, "link": None})
             elif name in node["inputs"]:

@@ -85,8 +85,10 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto") 
 
 
 def release(model: torch.nn.Module) -> None:
-    """Drop the model's CUDA graphs and their memory pool now (they otherwise live as long as the model)."""
+    """Drop the model's CUDA graphs and their memory pool now (they otherwise live as long as the model), and the
+    per-shape positions and device copy of the last conditioning that `transformer.denoise` caches."""
     vars(model).pop("_ltx25_graphs", None)
+    model.release_caches()
 
 
 # ---------------------------------------------------------------------------------------------------- compilation

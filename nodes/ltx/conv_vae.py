@@ -25,6 +25,8 @@ from .conv_tiling import CostModel, TilePlan, TilingRequest, plan_tiles, spatial
 from .decode_stats import DecodeStats
 from .errors import LTX25Error
 from .keymap import Drop, KeyMap, Rename, load_strict
+from .latents import check_video_latent
+from .device_memory import free_bytes
 
 LATENT_CHANNELS = 128
 UPSAMPLER_KINDS = {"compress_all": "spatiotemporal", "compress_time": "temporal", "compress_space": "spatial"}
@@ -221,20 +223,6 @@ def load_conv_vae(path: str, dtype: torch.dtype | None = None) -> ConvVideoVAE:
 
 
 # ------------------------------------------------------------------------------------------------------ decode
-def check_video_latent(samples: object, where: str) -> torch.Tensor:
-    """A normalized LTX-2.5 video latent `[B, 128, F', H', W']`, or an error naming `where` (a node input)."""
-    if not isinstance(samples, torch.Tensor):
-        raise LTX25Error(where, "the latent 'samples'", type(samples).__name__, "a tensor [B, 128, F', H', W']",
-                         "Connect a video LATENT from an LTX-2.5 sampler or Empty Latent.")
-    if samples.ndim != 5:
-        raise LTX25Error(where, "the latent shape", list(samples.shape), "[B, 128, F', H', W'] (a 5-D video latent)",
-                         "An audio latent [B, 8, T, 16] goes to LTX-2.5 Audio Decode." if samples.ndim == 4 else "")
-    if samples.shape[1] != LATENT_CHANNELS:
-        raise LTX25Error(where, "the latent channel count", samples.shape[1], f"{LATENT_CHANNELS} (an LTX-2.5 video "
-                         "latent)", "This latent comes from another model; only LTX-2.5 latents decode here.")
-    return samples
-
-
 def decode_plan(vae: ConvVideoVAE, latent_shape: tuple[int, ...], tiling: TilingRequest,
                 memory_budget: int | None) -> TilePlan:
     """The tiles `decode_conv` will use for a `[B, 128, F', H', W']` latent (batch items decode together)."""
@@ -260,9 +248,8 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
         raise LTX25Error(f"{where}.{problem[0]}", problem[0], problem[1], problem[2])
     param = next(vae.decoder.parameters())
     device, dtype = param.device, param.dtype
-    if memory_budget is None and device.type == "cuda":   # the driver's free memory + PyTorch's idle cache
-        memory_budget = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) \
-            - torch.cuda.memory_allocated(device)
+    if memory_budget is None and device.type == "cuda":
+        memory_budget = free_bytes(device)
     plan = decode_plan(vae, tuple(latent.shape), tiling, memory_budget)
     weights_t, weights_h, weights_w = plan.axis_weights()
     batch, (frames, height, width) = latent.shape[0], plan.pixel_shape

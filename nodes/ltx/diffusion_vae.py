@@ -23,6 +23,7 @@ from . import diffusion_tiling as tiling
 from . import na_attention
 from .assets import Kind, expect_kind, read_state_dict
 from .decode_stats import DecodeStats
+from .device_memory import free_bytes
 from .errors import LTX25Error
 from .keymap import Drop, KeyMap, Rename, Split, load_strict
 from .tiny_common import MODEL_VERSION, TINY_DIMS, generator, latent_statistics, randomize_, save_native
@@ -272,13 +273,6 @@ def tile_noise(seed: int, tile: tiling.Tile, batch: int, canvas_hw: tuple[int, i
     return out
 
 
-def _budget(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1 << 62
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-
-
 def memory_model(vae: DiffusionVAE, batch: int = 1,
                  processor: na_attention.NeighborhoodAttnProcessor | None = None) -> tiling.MemoryModel:
     param = next(vae.parameters())
@@ -307,7 +301,7 @@ def plan(vae: DiffusionVAE, latent_thw: tuple[int, int, int], tiling_mode: str =
     if tiling_mode != "auto":
         raise LTX25Error("tiling", "the mode", repr(tiling_mode), " / ".join(TILING_MODES))
     device = next(vae.parameters()).device
-    budget = _budget(device) if budget_bytes is None else budget_bytes
+    budget = free_bytes(device) if budget_bytes is None else budget_bytes
     return tiling.plan_auto(geometry, latent_thw, budget, memory_model(vae, batch, processor))
 
 

@@ -115,3 +115,17 @@ def frame_rate(latent: Mapping, where: str) -> float:
     if not float(fps) > 0:
         raise LTX25Error(where, "the latent's 'frame_rate'", fps, "a frame rate > 0")
     return float(fps)
+
+
+def check_video_latent(samples: object, where: str) -> torch.Tensor:
+    """A normalized LTX-2.5 video latent `[B, 128, F', H', W']`, or an error naming `where` (a node input)."""
+    if not isinstance(samples, torch.Tensor):
+        raise LTX25Error(where, "the latent 'samples'", type(samples).__name__, "a tensor [B, 128, F', H', W']",
+                         "Connect a video LATENT from an LTX-2.5 sampler or Empty Latent.")
+    if samples.ndim != 5:
+        raise LTX25Error(where, "the latent shape", list(samples.shape), "[B, 128, F', H', W'] (a 5-D video latent)",
+                         "An audio latent [B, 8, T, 16] goes to LTX-2.5 Audio Decode." if samples.ndim == 4 else "")
+    if samples.shape[1] != VIDEO_CHANNELS:
+        raise LTX25Error(where, "the latent channel count", samples.shape[1], f"{VIDEO_CHANNELS} (an LTX-2.5 video "
+                         "latent)", "This latent comes from another model; only LTX-2.5 latents decode here.")
+    return samples

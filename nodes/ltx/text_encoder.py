@@ -251,6 +251,8 @@ def encode_prompts(spec: TextEncoderSpec, prompts: Sequence[str], keep_loaded: b
     if not prompts:
         raise LTX25Error("prompt", "the prompt list", "empty", "at least one prompt")
     file_key = _file_key(spec)
+    if not keep_loaded and _resident:  # switched off while every prompt is cached: free the encoder all the same
+        release_resident(release_hook)
     texts = [p.strip() for p in prompts]
     results = {t: _cache[(file_key, t)] for t in texts if (file_key, t) in _cache}
     missing = list(dict.fromkeys(t for t in texts if t not in results))

@@ -210,6 +210,11 @@ class LTX25Transformer(torch.nn.Module):
         self._grids: dict[tuple, Grid] = {}
         self._context: tuple | None = None  # (conditioning, device, dtype, (video, audio))
 
+    def release_caches(self) -> None:
+        """Forget the cached positions and conditioning copy (they sit on the compute device)."""
+        self._grids.clear()
+        self._context = None
+
     def grid(self, batch: int, frames: int, height: int, width: int, audio_frames: int, fps: float,
              device: torch.device) -> Grid:
         """Positions and keyframe mask for one latent shape, built once and reused every step."""
