@@ -33,6 +33,12 @@ def is_widget(kind: Any) -> bool:
     return isinstance(kind, list) or kind in WIDGET_TYPES
 
 
+def has_control_value(name: str, kind: Any, options: Mapping[str, Any]) -> bool:
+    """Whether the canvas saves a "control after generate" value after this widget: asked for by the option, and
+    given by the frontend to any INT named seed/noise_seed that does not set the option to False."""
+    return bool(options.get("control_after_generate", kind == "INT" and name in ("seed", "noise_seed")))
+
+
 def ui_to_api(workflow: Mapping[str, Any], classes: Mapping[str, type]) -> dict[str, dict]:
     """Convert a UI workflow (what the canvas saves) to the API prompt the canvas would queue.
 
@@ -58,7 +64,7 @@ def ui_to_api(workflow: Mapping[str, Any], classes: Mapping[str, type]) -> dict[
         for name, (kind, options, _required) in input_specs(classes[class_type]).items():
             if is_widget(kind) and values:
                 inputs[name] = values.pop(0)
-                if options.get("control_after_generate") and values and values[0] in ("fixed", "randomize", "increment", "decrement"):
+                if has_control_value(name, kind, options) and values and values[0] in ("fixed", "randomize", "increment", "decrement"):
                     values.pop(0)
             if linked.get(name) is not None:
                 link = links[linked[name]]

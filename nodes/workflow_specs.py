@@ -13,7 +13,7 @@ import os
 from typing import Any, Mapping
 
 from . import NODE_CLASS_MAPPINGS
-from .graph import execution_order, input_specs, is_widget
+from .graph import execution_order, has_control_value, input_specs, is_widget
 from .ltx.tiny_common import OFFICIAL_FILES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -140,7 +140,7 @@ def to_ui(prompt: Mapping[str, dict], notes: Mapping[int, str], classes: Mapping
                 inputs.append({"name": name, "type": kind, "link": None})
             elif name in node["inputs"]:
                 widgets.append(value)
-                if options.get("control_after_generate"):
+                if has_control_value(name, kind, options):
                     widgets.append("fixed")  # the UI-only "control after generate" value
     nodes = []
     for order_index, node_id in enumerate(order):

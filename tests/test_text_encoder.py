@@ -369,6 +369,15 @@ def test_keep_loaded_keeps_gemma_until_released(spec, count_loads):
     assert count_loads[0]() is None and bridge.loaded_model_count() == others
 
 
+def test_turning_keep_loaded_off_frees_gemma_even_on_a_cache_hit(spec, count_loads):
+    """A kept encoder must go as soon as keep_loaded is off, also when the prompt is cached and Gemma never runs."""
+    node, others = LTX25EncodePrompt(), bridge.loaded_model_count()
+    node.encode(spec, "a green lizard", keep_loaded=True)
+    node.encode(spec, "a green lizard", keep_loaded=False)
+    gc.collect()
+    assert len(count_loads) == 1 and count_loads[0]() is None and bridge.loaded_model_count() == others
+
+
 def test_interrupt_mid_forward_still_frees_gemma(spec, count_loads):
     """An interrupt raised from the progress callback must not leave the 24 GB module behind."""
     def interrupt(done, total):

@@ -81,7 +81,9 @@ def ab_run(browser_tools, tmp_path_factory) -> dict:
         cmd = [browser_tools["node"], DRIVER, "--url", f"http://127.0.0.1:{server.port}/",
                "--workflow", f"/api/workflow_templates/{harness.PACK_FOLDER}/{name}.json",
                "--playwright", browser_tools["playwright"], "--out", out, "--chromium", CHROMIUM,
-               "--timeout", str(RUN_TIMEOUT_S)]
+               "--timeout", str(RUN_TIMEOUT_S),
+               # the template is sized for real weights (768×512×121): the tiny set on CPU gets the small clip
+               "--empty-latent", json.dumps(harness.SMALL_CLIP)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 180)
         lines = done.stdout.strip().splitlines()
         assert done.returncode == 0 and lines, f"driver failed ({done.returncode}): {done.stderr[-3000:]}"

@@ -4,6 +4,7 @@
 //
 //   node browser_ab_viewer.mjs --url http://127.0.0.1:PORT --workflow /api/workflow_templates/<pack>/<name>.json
 //     --playwright <folder holding node_modules/playwright-core> --out <folder for screenshots>
+//     [--empty-latent '{"width": 192, "height": 128, "frames": 17}']
 import { createRequire } from "node:module";
 import path from "node:path";
 import { parseArgs } from "node:util";
@@ -16,6 +17,8 @@ const { values: opt } = parseArgs({
     out: { type: "string" },
     chromium: { type: "string", default: "/usr/bin/chromium" },
     timeout: { type: "string", default: "240" },
+    // JSON {widget name: value} set on every LTX25EmptyLatent before queueing (the tiny set gets a small clip)
+    "empty-latent": { type: "string", default: "{}" },
   },
 });
 const timeoutMs = Number(opt.timeout) * 1000;
@@ -42,21 +45,50 @@ try {
     () => window.comfyAPI.app.app.extensions.some((e) => e.name === "LTX25.Canvas"));
 
   // 1. Load the workflow the way the template browser does, then queue it through the frontend (graphToPrompt).
-  Object.assign(result, await page.evaluate(async ({ workflow, timeoutMs }) => {
+  Object.assign(result, await page.evaluate(async ({ workflow, timeoutMs, emptyLatent }) => {
     const { app } = window.comfyAPI.app, { api } = window.comfyAPI.api;
     const graph = await (await fetch(workflow)).json();
     await app.loadGraphData(graph, true, true, null, { showMissingNodesDialog: false, showMissingModelsDialog: false });
     const known = new Set(Object.keys(window.LiteGraph.registered_node_types));
     const missing_types = app.graph.nodes.map((n) => n.type).filter((t) => !known.has(t));
+    // Size the clip through the widgets, as a person would; a name that is no widget is an error, not a no-op.
+    for (const node of app.graph.nodes.filter((n) => n.comfyClass === "LTX25EmptyLatent")) {
+      for (const [name, value] of Object.entries(emptyLatent)) {
+        const widget = node.widgets?.find((w) => w.name === name);
+        if (!widget) throw new Error(`LTX25EmptyLatent ${node.id} has no widget ${name}`);
+        widget.value = value;
+      }
+    }
     const finished = new Promise((resolve) => {
       api.addEventListener("execution_success", () => resolve({ status: "success" }), { once: true });
       api.addEventListener("execution_error", (e) => resolve({ status: "error", error: e.detail }), { once: true });
       setTimeout(() => resolve({ status: "timeout" }), timeoutMs);
     });
-    await app.queuePrompt(0, 1);
-    return { missing_types, run: await finished };
-  }, { workflow: opt.workflow, timeoutMs }));
+    // The server drops every output whose inputs fail validation and still runs the rest to "success", so keep
+    // its node_errors and which nodes sent "executed": a dropped compare node never gets its viewer.
+    const executed_nodes = [];
+    api.addEventListener("executed", (e) => executed_nodes.push(String(e.detail.display_node ?? e.detail.node)));
+    const queue = api.queuePrompt;
+    let response = null;
+    api.queuePrompt = async function (...args) { return (response = await queue.apply(this, args)); };
+    try {
+      await app.queuePrompt(0, 1);
+    } finally {
+      api.queuePrompt = queue;
+    }
+    const compare_ids = app.graph.nodes.filter((n) => n.comfyClass === "LTX25DecoderCompare").map((n) => String(n.id));
+    return { missing_types, run: await finished, node_errors: response?.node_errors ?? {}, executed_nodes,
+      compare_ids };
+  }, { workflow: opt.workflow, timeoutMs, emptyLatent: JSON.parse(opt["empty-latent"]) }));
   if (result.run.status !== "success") throw new Error(`run ended: ${JSON.stringify(result.run).slice(0, 2000)}`);
+  if (Object.keys(result.node_errors).length) {
+    throw new Error(`the server refused nodes of the graph (their outputs never ran): ${
+      JSON.stringify(result.node_errors).slice(0, 2000)}`);
+  }
+  const unexecuted = result.compare_ids.filter((id) => !result.executed_nodes.includes(id));
+  if (unexecuted.length) {
+    throw new Error(`the compare node(s) ${unexecuted} sent no "executed" message; executed: ${result.executed_nodes}`);
+  }
 
   // 2. Bring the compare node into view at zoom 1 (DOM widgets hide when zoomed out or off screen).
   await page.waitForSelector(".ltx25-ab-stage", { state: "attached", timeout: 30_000 });
