@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in videos:
         print(path)
     for text in reports:
-        path = os.path.join(args.out, "decoder_ab_report.json")
+        path = os.path.join(os.path.abspath(args.out), "decoder_ab_report.json")
         with open(path, "w") as f:
             f.write(text)
         print(path)
