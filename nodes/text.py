@@ -20,7 +20,11 @@ def _placement(spec: te.TextEncoderSpec, batch: int):
     """Engine hooks: register the module with model management, load it with the activation estimate; unload."""
     def load(module, patcher):
         patcher = patcher or bridge.make_patcher(module)
-        bridge.load_models([patcher], te.memory_required(spec, batch))
+        try:
+            bridge.load_models([patcher], te.memory_required(spec, batch))
+        except BaseException:  # e.g. out of memory while loading: the engine never gets a handle to release
+            bridge.unload_model(patcher)
+            raise
         return patcher
     return load, bridge.unload_model
 
