@@ -1,0 +1,298 @@
+"""End-to-end decoder A/B graph (issue 7, Performance): every node of workflows/api/ltx25_t2v_distilled_decoder_ab.json
+at 768×512×121 with real-shape RANDOM weights for every component, seconds and peak GPU memory per node, cold and warm.
+
+    python bench/bench_ab_graph.py            # CUDA: Gemma-4 12B, 22B DiT + connectors, upsampler, both VAEs, audio
+    python bench/bench_ab_graph.py --smoke    # CPU: the tiny set through the normal loader nodes at 192×128×17
+
+Real files are 66 GB, so on CUDA the loader nodes are not run: each engine module is built in memory on the GPU from
+its released config by the builders of the per-component benchmarks (bench_transformer / bench_text_encoder /
+bench_conv_vae / bench_diffusion_vae; upsampler and audio VAE here from their released configs, ltx25.md §8, §11),
+registered with `nodes.handles.Loaded.register` under a minimal AssetInfo carrying the official file name, and its
+`Loaded` stands in for the loader's output. The text encoder is fed to the real Encode Prompt node: its spec is read
+from the tiny text-encoder file (tokenizer: the tiny one, ids padded to the real 1024 tokens) with the real Gemma
+config swapped in, and `text_encoder.load_text_encoder` is replaced by one returning the in-memory module (so the node's
+load/offload hooks run as usual). Every other node runs unchanged, in the workflow's dependency order.
+
+Per node: seconds (CUDA-synchronized), peak allocated memory (reset before each node), allocated before/after, the
+driver's used memory, and which heavy modules sit on the GPU at the node's start and end (the standalone bridge evicts
+only on memory pressure: on an H200 everything may fit, and that is reported as is). Run 1 is cold (it includes the
+sampler's torch.compile + CUDA-graph capture, `acceleration=compile_cuda_graph`, reported as cold − warm); run 2 is
+warm with the same prompt (Encode Prompt hits its cache, as in ComfyUI); then Encode Prompt once more with a new
+prompt (Gemma back onto the GPU, encode, offload). Prints a short table and one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from nodes import NODE_CLASS_MAPPINGS, comfy_bridge as bridge  # noqa: E402
+from nodes.graph import execution_order, validate  # noqa: E402
+from nodes.handles import Loaded  # noqa: E402
+from nodes.ltx import text_encoder as te  # noqa: E402
+from nodes.ltx.accelerated_denoise import release  # noqa: E402
+from nodes.ltx.assets import AssetInfo, Header, Kind  # noqa: E402
+from nodes.ltx.tiny import write_tiny_set  # noqa: E402
+from nodes.ltx.tiny_common import GEMMA_VERSION, MODEL_VERSION, OFFICIAL_FILES  # noqa: E402
+
+WORKFLOW = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "workflows", "api", "ltx25_t2v_distilled_decoder_ab.json")
+LOADERS = {"1": "transformer", "2": "text_encoder", "6": "upsampler", "7": "conv_vae", "8": "diffusion_vae",
+           "9": "audio_vae"}
+SAMPLERS, DECODERS, OUTPUTS = ("10", "12"), ("13", "14", "15"), ("16", "17", "18", "19")
+NEW_PROMPT = "A paper boat drifts down a rain-filled gutter at dusk, neon reflections, the patter of rain."
+UPSAMPLER_CONFIG = {"_class_name": "LatentUpsampler", "in_channels": 128, "mid_channels": 1024,  # ltx25.md §8
+                    "num_blocks_per_stage": 4, "dims": 3, "spatial_upsample": True, "temporal_upsample": False,
+                    "spatial_scale": 2.0, "rational_resampler": False}
+GiB = 2**30
+
+
+# ------------------------------------------------------------------------------------------------ real-shape modules
+def _info(component: str, kind: Kind) -> AssetInfo:
+    """What the loader would have inspected, minus the tensors: official name, kind, versions."""
+    folder, name = OFFICIAL_FILES[component]
+    path = os.path.join("<in-memory>", folder, name)
+    gemma = GEMMA_VERSION if kind in (Kind.TRANSFORMER, Kind.TEXT_ENCODER) else None
+    return AssetInfo(path, kind, MODEL_VERSION, gemma, {"BF16": 0}, None, Header(path, {}, {}))
+
+
+def _audio_metadata() -> dict:
+    """The tiny metadata at the released widths (ltx25.md §11: ch 128, 2 res blocks; vocoder 1536 / BWE 512, AMP1
+    resblocks k (3, 7, 11) × dilations (1, 3, 5): diffusers' LTX2VocoderWithBWE defaults for LTX-2.3)."""
+    from nodes.ltx import audio_vae as av
+    ae = json.loads(json.dumps(av.TINY_AUDIO_VAE_CONFIG))
+    ae["model"]["params"]["ddconfig"].update(ch=128, num_res_blocks=2)
+    voc = json.loads(json.dumps(av.TINY_VOCODER_CONFIG))
+    res = {"resblock_kernel_sizes": [3, 7, 11], "resblock_dilation_sizes": [[1, 3, 5]] * 3}
+    voc["vocoder"].update(upsample_initial_channel=1536, **res)
+    voc["bwe"].update(upsample_initial_channel=512, **res)
+    return {"config": {"audio_vae": ae, "vocoder": voc}, "model_version": MODEL_VERSION}
+
+
+def _on_device(device: torch.device, dtype: torch.dtype, make):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return make()
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_real(device: torch.device, tiny_text_encoder: str) -> tuple[dict, dict, te.TextEncoderModule]:
+    """{loader node id: its output tuple}, {component: build seconds}, the Gemma module (for residency checks)."""
+    import bench_conv_vae
+    import bench_diffusion_vae
+    import bench_text_encoder
+    import bench_transformer
+    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+    from nodes.ltx import audio_vae as av
+    from nodes.ltx import conv_vae as cv
+    from nodes.ltx import transformer as T
+    from nodes.ltx.upsampler import UpsamplerConfig
+    from transformers.models.gemma4_unified.configuration_gemma4_unified import Gemma4UnifiedConfig
+
+    bf16, seconds, out = torch.bfloat16, {}, {}
+
+    def timed(name, make):
+        start = time.perf_counter()
+        module = make()
+        torch.cuda.synchronize(device)
+        seconds[name] = round(time.perf_counter() - start, 2)
+        return module
+
+    config = T.TransformerConfig.from_metadata("bench", {"config": {"transformer": dict(T.SHIPPED_CONFIG)}})
+    dit = timed("transformer", lambda: bench_transformer.build(config, device, bf16))
+    out["1"] = (Loaded.register(dit, _info("transformer", Kind.TRANSFORMER), on_unload=release),)
+
+    gemma_config = Gemma4UnifiedConfig(text_config=bench_text_encoder.REAL_TEXT_CONFIG, gemma_version=GEMMA_VERSION)
+    gemma = timed("text_encoder", lambda: bench_text_encoder.build(gemma_config, 4096, 2048, device, bf16))
+    tiny_spec = te.TextEncoderSpec.from_file(tiny_text_encoder, bf16)
+    spec = dataclasses.replace(tiny_spec, config=gemma_config, video_dim=4096, audio_dim=2048)
+    te.load_text_encoder = lambda _spec: gemma  # the Encode Prompt node "loads" the in-memory module
+    out["2"] = (spec,)
+
+    up_config = UpsamplerConfig.from_metadata("bench", {"config": UPSAMPLER_CONFIG})
+    upsampler = timed("upsampler", lambda: _on_device(device, bf16, lambda: LTX2LatentUpsamplerModel(
+        **up_config.diffusers_kwargs())).eval().requires_grad_(False))
+    out["6"] = (Loaded.register(upsampler, _info("upsampler", Kind.UPSAMPLER)),)
+
+    def conv():
+        ref, ours = bench_conv_vae.build(cv.SHIPPED_VAE_CONFIG, device, bf16)
+        del ref  # its encoder is not part of the decode graph
+        return ours
+    out["7"] = (Loaded.register(timed("conv_vae", conv), _info("conv_vae", Kind.CONV_VAE)), "conv")
+    diff = timed("diffusion_vae", lambda: bench_diffusion_vae.build(bench_diffusion_vae.RELEASED_METADATA, device, bf16))
+    out["8"] = (Loaded.register(diff, _info("diffusion_vae", Kind.DIFFUSION_VAE)), "diffusion")
+
+    def audio():
+        metadata = _audio_metadata()
+        config = av.AudioVAEConfig.from_metadata("bench", metadata)
+        vocoder = av.vocoder_kwargs("bench", metadata)
+
+        def make():
+            vae = av.AudioVAE(config, vocoder)
+            av._finish_vocoder(vae)  # the loader's init hook: sinc resampler + fp32 vocoder
+            return vae
+        vae = _on_device(device, bf16, make)
+        vae.vocoder.float()
+        return vae.eval().requires_grad_(False)
+    out["9"] = (Loaded.register(timed("audio_vae", audio), _info("audio_vae", Kind.AUDIO_VAE)),)
+    return out, seconds, gemma
+
+
+# ------------------------------------------------------------------------------------------------ the run
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _on_gpu(module: torch.nn.Module) -> bool:
+    return any(p.device.type == "cuda" for p in module.parameters())
+
+
+def _residency(heavy: dict[str, torch.nn.Module]) -> list[str]:
+    return [name for name, module in heavy.items() if _on_gpu(module)]
+
+
+def run_graph(prompt: dict, preset: dict, device: torch.device, heavy: dict,
+              only: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """Each node in dependency order (loader ids in `preset` are not run; with `only`, just those nodes):
+    ({node id: seconds, memory, residency}, {node id: output tuple})."""
+    classes, outputs, rows = NODE_CLASS_MAPPINGS, dict(preset), {}
+    cuda = device.type == "cuda"
+    with torch.inference_mode():
+        for node_id in execution_order(prompt):
+            if node_id in preset or (only and node_id not in only):
+                continue
+            node = prompt[node_id]
+            cls = classes[node["class_type"]]
+            kwargs = {k: outputs[v[0]][v[1]] if isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) else v
+                      for k, v in node["inputs"].items()}
+            row = {"node": node["_meta"].get("title", node["class_type"]), "on_gpu_start": _residency(heavy)}
+            if cuda:
+                _sync(device)
+                torch.cuda.reset_peak_memory_stats(device)
+                row["alloc_start_gib"] = torch.cuda.memory_allocated(device) / GiB
+            start = time.perf_counter()
+            result = getattr(cls(), cls.FUNCTION)(**kwargs)
+            _sync(device)
+            row["s"] = time.perf_counter() - start
+            if cuda:
+                free, total = torch.cuda.mem_get_info(device)
+                row.update(peak_gib=torch.cuda.max_memory_allocated(device) / GiB,
+                           alloc_end_gib=torch.cuda.memory_allocated(device) / GiB,
+                           driver_used_end_gib=(total - free) / GiB)
+            row["on_gpu_end"] = _residency(heavy)
+            if isinstance(result, dict):
+                if node["class_type"] == "LTX25DiffusionVAEDecode":
+                    row["decode_stats"] = result.get("ui", {}).get("ltx25_decode_stats")
+                result = result.get("result", ())
+            outputs[node_id] = tuple(result)
+            rows[node_id] = row
+            print(f"[bench] {node_id:>3} {row['node']:<36} {row['s']:8.3f} s", file=sys.stderr, flush=True)
+    return rows, outputs
+
+
+def _table(cold: dict, warm: dict) -> str:
+    lines = [f"{'node':>4} {'title':<36} {'cold s':>8} {'warm s':>8} {'peak GiB':>9} {'alloc end':>9}  on GPU at start"]
+    for node_id, row in cold.items():
+        w = warm.get(node_id, {})
+        lines.append(f"{node_id:>4} {row['node']:<36} {row['s']:8.3f} {w.get('s', float('nan')):8.3f} "
+                     f"{w.get('peak_gib', row.get('peak_gib', 0.0)):9.2f} {w.get('alloc_end_gib', 0.0):9.2f}  "
+                     f"{','.join(w.get('on_gpu_start', row['on_gpu_start']))}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="CPU, the tiny set through the loader nodes, 192×128×17")
+    parser.add_argument("--acceleration", default=None, help="sampler acceleration (default: compile_cuda_graph on "
+                        "CUDA, eager on the CPU)")
+    parser.add_argument("--offload-first", action="store_true",
+                        help="CUDA: move every built module to the CPU before run 1 (as the loaders leave them)")
+    parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "bench_ab_graph.json")
+                        if os.environ.get("OUT") else None)
+    args = parser.parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        print("no CUDA device: run with --smoke for the CPU check", file=sys.stderr)
+        return 2
+    device = torch.device("cpu" if args.smoke else "cuda")
+    acceleration = args.acceleration or ("eager" if args.smoke else "compile_cuda_graph")
+    with open(WORKFLOW, encoding="utf-8") as f:
+        prompt = json.load(f)
+    width, height, frames = (192, 128, 17) if args.smoke else (768, 512, 121)
+    prompt["5"]["inputs"].update(width=width, height=height, frames=frames)
+    for node_id in SAMPLERS:
+        prompt[node_id]["inputs"]["acceleration"] = acceleration
+    prompt["14"]["inputs"]["processor"] = "auto"
+
+    work = tempfile.mkdtemp(prefix="bench_ab_graph_")
+    bridge.set_models_dir(os.path.join(work, "models"))
+    bridge.set_output_dir(os.path.join(work, "output"))
+    write_tiny_set(os.path.join(work, "models"))
+    validate(prompt, NODE_CLASS_MAPPINGS)  # against the tiny files' names (= the official names)
+    te.clear_caches()
+    result: dict = {"bench": "ab_graph", "shape": f"{width}x{height}x{frames}", "acceleration": acceleration,
+                    "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                    "torch": torch.__version__, "errors": {}}
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        result["gpu_total_gib"] = torch.cuda.mem_get_info(device)[1] / GiB
+        preset, result["build_s"], gemma = build_real(device, os.path.join(work, *OFFICIAL_FILES["text_encoder"]))
+        heavy = {LOADERS[k]: v[0].module for k, v in preset.items() if k != "2"}
+        heavy["text_encoder"] = gemma
+        result["weights_gib"] = {name: bridge.module_bytes(m) / GiB for name, m in heavy.items()}
+        if args.offload_first:
+            for module in heavy.values():
+                module.to("cpu")
+            torch.cuda.empty_cache()
+        result["alloc_after_build_gib"] = torch.cuda.memory_allocated(device) / GiB
+    else:
+        loaders, outputs = run_graph(prompt, {}, device, {}, only=tuple(LOADERS))  # the normal loader nodes
+        preset = {k: outputs[k] for k in LOADERS}
+        result["build_s"] = {LOADERS[k]: round(row["s"], 3) for k, row in loaders.items()}
+        heavy = {LOADERS[k]: v[0].module for k, v in preset.items() if k != "2"}
+    try:
+        cold, _ = run_graph(prompt, preset, device, heavy)
+        warm, _ = run_graph(prompt, preset, device, heavy)
+        fresh = dict(prompt)
+        fresh["3"] = {**prompt["3"], "inputs": {**prompt["3"]["inputs"], "prompt": NEW_PROMPT}}
+        new_prompt, _ = run_graph(fresh, preset, device, heavy, only=("3",))
+    except Exception as e:  # record what ran; the traceback goes to stderr
+        traceback.print_exc()
+        result["errors"]["graph"] = f"{type(e).__name__}: {e}"
+        print(json.dumps(result, default=str))
+        return 1
+    decoded = [k for k in cold if k not in OUTPUTS]
+    result.update(
+        cold=cold, warm=warm, encode_new_prompt=new_prompt.get("3"),
+        end_to_end_cold_s=sum(r["s"] for r in cold.values()), end_to_end_warm_s=sum(r["s"] for r in warm.values()),
+        to_decoded_warm_s=sum(warm[k]["s"] for k in decoded),
+        compile_and_capture_s={k: cold[k]["s"] - warm[k]["s"] for k in SAMPLERS},
+        transformer_on_gpu_at_decoder_start={k: "transformer" in warm[k]["on_gpu_start"] for k in DECODERS},
+        loaded_models_at_end=bridge.loaded_model_count())
+    print(_table(cold, warm))
+    print(f"end to end: cold {result['end_to_end_cold_s']:.2f} s, warm {result['end_to_end_warm_s']:.2f} s "
+          f"(to decoded frames + audio, warm: {result['to_decoded_warm_s']:.2f} s); "
+          f"new-prompt encode {new_prompt['3']['s']:.2f} s")
+    line = json.dumps(result, default=str)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(line + "\n")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
