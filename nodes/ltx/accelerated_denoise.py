@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from .errors import LTX25Error
-from .positions import patchify_audio, patchify_video, unpatchify_audio, unpatchify_video
+from .positions import patchify_audio, patchify_video
 
 DenoiseFn = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 
@@ -175,11 +175,11 @@ def _capture(model: torch.nn.Module, video: torch.Tensor, audio: torch.Tensor, c
 
 
 def _graph_denoiser(model: torch.nn.Module, cond, fps: float, spec: Mode) -> DenoiseFn:
-    from .transformer import _check_inputs
+    from .transformer import check_denoise_inputs, x0_from_velocity
     cache, weight = _graph_cache(model), model.dit.proj_in.weight
 
     def denoise(video: torch.Tensor, audio: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
-        _check_inputs(model.config, video, audio, cond)
+        check_denoise_inputs(model.config, video, audio, cond)
         with torch.inference_mode():
             key = (tuple(video.shape), tuple(audio.shape), float(fps), tuple(cond.video.shape),
                    tuple(cond.audio.shape), weight.dtype, str(weight.device), spec)
@@ -195,8 +195,5 @@ def _graph_denoiser(model: torch.nn.Module, cond, fps: float, spec: Mode) -> Den
             for static, value in zip(graph.context, model.context(cond, weight.device, weight.dtype)):
                 static.copy_(value)
             v, a = graph.replay()
-            # The x0 arithmetic of `transformer.denoise`, term for term (bit-identical to eager).
-            x0_video = video.to(weight.device, torch.float32) - unpatchify_video(v, video.shape).float() * float(sigma)
-            x0_audio = audio.to(weight.device, torch.float32) - unpatchify_audio(a, audio.shape).float() * float(sigma)
-            return x0_video.to(video.device), x0_audio.to(audio.device)
+            return x0_from_velocity(video, audio, v, a, sigma, weight.device)
     return denoise

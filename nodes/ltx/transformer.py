@@ -257,7 +257,7 @@ def load_transformer(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat1
                        native, KEY_MAP, dtype)
 
 
-def _check_inputs(config: TransformerConfig, video: torch.Tensor, audio: torch.Tensor, cond: Conditioning) -> None:
+def check_denoise_inputs(config: TransformerConfig, video: torch.Tensor, audio: torch.Tensor, cond: Conditioning) -> None:
     b = video.shape[0]
     checks = (("video latent", tuple(video.shape[:2]), (b, config.in_channels), video.ndim == 5),
               ("audio latent", (audio.shape[0], audio.shape[1] * audio.shape[3]) if audio.ndim == 4 else None,
@@ -291,7 +291,7 @@ def denoise(model: LTX25Transformer, video: torch.Tensor, audio: torch.Tensor, s
 
     `x0 = latent − v·σ` in float32 (the reference X0Model). The text context gets no mask (ltx25.md §4.1 step 5).
     """
-    _check_inputs(model.config, video, audio, cond)
+    check_denoise_inputs(model.config, video, audio, cond)
     with torch.inference_mode():
         weight = model.dit.proj_in.weight
         device, dtype = weight.device, weight.dtype
@@ -300,9 +300,16 @@ def denoise(model: LTX25Transformer, video: torch.Tensor, audio: torch.Tensor, s
         sigma_t = torch.full((b,), float(sigma), dtype=torch.float32, device=device)
         v, a = velocity(model, patchify_video(video).to(device, dtype), patchify_audio(audio).to(device, dtype),
                         sigma_t, model.context(cond, device, dtype), grid)
-        x0_video = video.to(device, torch.float32) - unpatchify_video(v, video.shape).float() * float(sigma)
-        x0_audio = audio.to(device, torch.float32) - unpatchify_audio(a, audio.shape).float() * float(sigma)
-        return x0_video.to(video.device), x0_audio.to(audio.device)
+        return x0_from_velocity(video, audio, v, a, sigma, device)
+
+
+def x0_from_velocity(video: torch.Tensor, audio: torch.Tensor, v: torch.Tensor, a: torch.Tensor, sigma: float,
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference X0Model: `x0 = latent − v·σ` in float32, from velocity tokens `v` [B, T, 128] and `a`, back in
+    the latent layouts on the inputs' devices. Shared by the eager and the CUDA-graph denoisers (bit-identical)."""
+    x0_video = video.to(device, torch.float32) - unpatchify_video(v, video.shape).float() * float(sigma)
+    x0_audio = audio.to(device, torch.float32) - unpatchify_audio(a, audio.shape).float() * float(sigma)
+    return x0_video.to(video.device), x0_audio.to(audio.device)
 
 
 # ------------------------------------------------------------------------------------------------ tiny asset
