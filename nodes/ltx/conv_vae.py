@@ -12,7 +12,6 @@ diffusers groups it as `mid_block` + four `up_blocks`, each an upsampler followe
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -26,7 +25,7 @@ from .decode_stats import DecodeStats
 from .errors import LTX25Error
 from .keymap import Drop, KeyMap, Rename, load_strict
 from .latents import check_video_latent
-from .device_memory import free_bytes
+from .device_memory import free_bytes, start_meter
 
 LATENT_CHANNELS = 128
 UPSAMPLER_KINDS = {"compress_all": "spatiotemporal", "compress_time": "temporal", "compress_space": "spatial"}
@@ -253,9 +252,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
     plan = decode_plan(vae, tuple(latent.shape), tiling, memory_budget)
     weights_t, weights_h, weights_w = plan.axis_weights()
     batch, (frames, height, width) = latent.shape[0], plan.pixel_shape
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    start, done = time.perf_counter(), 0
+    meter, done = start_meter(device), 0
     with torch.inference_mode():
         mean = vae.latents_mean.to(device, torch.float32).view(1, -1, 1, 1, 1)
         std = vae.latents_std.to(device, torch.float32).view(1, -1, 1, 1, 1)
@@ -288,9 +285,8 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
             out[:, p0 + overlap:p1].copy_(group[:, overlap:])
             written = max(written, p1)
             del group
-    seconds = time.perf_counter() - start
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-    stats = DecodeStats("conv", seconds, int(peak), plan.count, tuple(plan.tile_pixel_sizes()), extra={
+    seconds, peak = meter()
+    stats = DecodeStats("conv", seconds, peak, plan.count, tuple(plan.tile_pixel_sizes()), extra={
         "mode": tiling.mode, "plan": plan.reason, "latent_tiles": {"frames": plan.frames, "rows": plan.rows,
                                                                     "cols": plan.cols},
         "estimate_bytes": plan.estimate_bytes, "memory_budget": memory_budget, "dtype": str(dtype).split(".")[-1]})

@@ -1,6 +1,9 @@
 """How much device memory a decode may plan with."""
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 import torch
 
 
@@ -11,3 +14,16 @@ def free_bytes(device: torch.device) -> int:
         return 1 << 62
     free, _total = torch.cuda.mem_get_info(device)
     return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+
+
+def start_meter(device: torch.device) -> Callable[[], tuple[float, int]]:
+    """Reset `device`'s peak-memory counter and start a clock; the returned function reads (seconds, peak bytes)
+    — the cost figures of a decode (peak 0 off CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+
+    def read() -> tuple[float, int]:
+        peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else 0
+        return time.perf_counter() - start, peak
+    return read

@@ -9,7 +9,6 @@ stages 1-3 once on the whole latent → stage 4 per tile → stage 5 (denoise pi
 """
 from __future__ import annotations
 
-import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -23,7 +22,7 @@ from . import diffusion_tiling as tiling
 from . import na_attention
 from .assets import Kind, expect_kind, read_state_dict
 from .decode_stats import DecodeStats
-from .device_memory import free_bytes
+from .device_memory import free_bytes, start_meter
 from .errors import LTX25Error
 from .keymap import Drop, KeyMap, Rename, Split, load_strict
 from .tiny_common import MODEL_VERSION, TINY_DIMS, generator, latent_statistics, randomize_, save_native
@@ -330,9 +329,7 @@ def decode(vae: DiffusionVAE, latent: torch.Tensor, *,
     schedule = plan(vae, tuple(latent.shape[2:]), tiling_mode, tile_frames, tile_pixels, budget_bytes, latent.shape[0],
                     proc)
     run = _Decode(vae, schedule, schedule.tiles(), make_stage5_scheduler(scheduler_config), steps, seed, on_step)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter()
+    meter = start_meter(device)
     work: dict[str, torch.Tensor] = {}  # every tensor of the decode lives here or in a callee's frame
     try:
         with torch.inference_mode():
@@ -344,9 +341,9 @@ def decode(vae: DiffusionVAE, latent: torch.Tensor, *,
         traceback.clear_frames(error.__traceback__)
         raise
     frames = work.pop("out")
+    seconds, peak = meter()
     stats = DecodeStats(
-        decoder="diffusion", seconds=time.perf_counter() - start,
-        peak_memory_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,
+        decoder="diffusion", seconds=seconds, peak_memory_bytes=peak,
         tile_count=len(run.tiles), tile_sizes=tuple(t.pixel_shape for t in run.tiles),
         processor=proc.name + (f" ({proc.backend})" if getattr(proc, "backend", "") else ""), steps=steps,
         extra={"tiling": tiling_mode, "grid": schedule.grid, "overlap": schedule.overlap,
