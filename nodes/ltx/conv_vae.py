@@ -24,7 +24,7 @@ from .conv_tiling import CostModel, TilePlan, TilingRequest, plan_tiles, spatial
 from .decode_stats import DecodeStats
 from .errors import LTX25Error
 from .keymap import Drop, KeyMap, Rename, load_strict
-from .latents import check_video_latent
+from .latents import check_video_latent, denormalize_video
 from .device_memory import free_bytes, start_meter
 
 LATENT_CHANNELS = 128
@@ -254,9 +254,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
     batch, (frames, height, width) = latent.shape[0], plan.pixel_shape
     meter, done = start_meter(device), 0
     with torch.inference_mode():
-        mean = vae.latents_mean.to(device, torch.float32).view(1, -1, 1, 1, 1)
-        std = vae.latents_std.to(device, torch.float32).view(1, -1, 1, 1, 1)
-        z = (latent.to(device, torch.float32) * std + mean).to(dtype)                # un-normalize
+        z = denormalize_video(latent, vae.latents_mean, vae.latents_std, device).to(dtype)
         out = torch.empty(batch, frames, height, width, 3, dtype=torch.float32)     # [B, F, H, W, 3] on the CPU
         written = 0                                                                 # frames [0, written) hold data
         for ti, t_interval in enumerate(plan.frames):

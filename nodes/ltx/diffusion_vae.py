@@ -25,6 +25,7 @@ from .decode_stats import DecodeStats
 from .device_memory import free_bytes, start_meter
 from .errors import LTX25Error
 from .keymap import Drop, KeyMap, Rename, Split, load_strict
+from .latents import denormalize_video
 from .tiny_common import MODEL_VERSION, TINY_DIMS, generator, latent_statistics, randomize_, save_native
 
 TILING_MODES = ("auto", "off", "manual")
@@ -379,8 +380,7 @@ class _Decode:
         _, height, width = schedule.canvas
         work["out"] = torch.empty(batch, frames.stop, rows.stop - rows.start, cols.stop - cols.start, 3,
                                   device=out_device)
-        z = latent.to(device=device, dtype=torch.float32)
-        z = z * vae.latents_std.float().view(1, -1, 1, 1, 1) + vae.latents_mean.float().view(1, -1, 1, 1, 1)
+        z = denormalize_video(latent, vae.latents_mean, vae.latents_std, device)
         t_pad, top, left = schedule.latent_pad
         bottom, right = schedule.work_thw[1] - latent.shape[3] - top, schedule.work_thw[2] - latent.shape[4] - left
         if t_pad or top or bottom or left or right:  # frames repeat the last; rows/columns edge-replicate

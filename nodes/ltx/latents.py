@@ -129,3 +129,21 @@ def check_video_latent(samples: object, where: str) -> torch.Tensor:
         raise LTX25Error(where, "the latent channel count", samples.shape[1], f"{VIDEO_CHANNELS} (an LTX-2.5 video "
                          "latent)", "This latent comes from another model; only LTX-2.5 latents decode here.")
     return samples
+
+
+def _per_channel(stat: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return stat.to(like.device, torch.float32).view((1, -1) + (1,) * (like.ndim - 2))
+
+
+def denormalize_video(latent: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
+                      device: torch.device) -> torch.Tensor:
+    """Normalized video latent `[B, 128, F', H', W']` → the VAE's raw latent in float32 on `device`
+    (`x·std + mean` per channel, with the file's per-channel statistics `[128]`)."""
+    z = latent.to(device, torch.float32)
+    return z * _per_channel(std, z) + _per_channel(mean, z)
+
+
+def normalize_video(raw: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """The inverse of `denormalize_video`, in float32 on `raw`'s device."""
+    raw = raw.float()
+    return (raw - _per_channel(mean, raw)) / _per_channel(std, raw)

@@ -17,7 +17,7 @@ from . import tiny_common
 from .assets import Kind, expect_kind, read_state_dict
 from .errors import LTX25Error
 from .keymap import KeyMap, load_strict
-from .latents import VIDEO_CHANNELS
+from .latents import VIDEO_CHANNELS, denormalize_video, normalize_video
 
 # The native names are diffusers' names; the map is empty but `load_strict` still checks full coverage.
 KEY_MAP = KeyMap("latent upsampler")
@@ -134,11 +134,8 @@ def upsample_latent(upsampler: torch.nn.Module, latent: torch.Tensor, mean: torc
     (default: `latent`'s device)."""
     param = next(upsampler.parameters())
     with torch.inference_mode():
-        mean = mean.to(param.device, torch.float32).view(1, -1, 1, 1, 1)
-        std = std.to(param.device, torch.float32).view(1, -1, 1, 1, 1)
-        raw = latent.to(param.device, torch.float32) * std + mean          # un-normalize
-        up = upsampler(raw.to(param.dtype)).float()
-        out = (up - mean) / std                                            # normalize
+        raw = denormalize_video(latent, mean, std, param.device)
+        out = normalize_video(upsampler(raw.to(param.dtype)), mean, std)
     return out.to(output_device or latent.device, latent.dtype)
 
 
