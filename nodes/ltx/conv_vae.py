@@ -26,6 +26,7 @@ from .errors import LTX25Error
 from .keymap import Drop, KeyMap, Rename, load_strict
 from .latents import check_video_latent, denormalize_video
 from .device_memory import free_bytes, start_meter
+from .host_frames import HostFrames
 
 LATENT_CHANNELS = 128
 UPSAMPLER_KINDS = {"compress_all": "spatiotemporal", "compress_time": "temporal", "compress_space": "spatial"}
@@ -255,7 +256,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
     meter, done = start_meter(device), 0
     with torch.inference_mode():
         z = denormalize_video(latent, vae.latents_mean, vae.latents_std, device).to(dtype)
-        out = torch.empty(batch, frames, height, width, 3, dtype=torch.float32)     # [B, F, H, W, 3] on the CPU
+        host = HostFrames((batch, frames, height, width, 3), prefault=device.type != "cpu")  # [B, F, H, W, 3]
         written = 0                                                                 # frames [0, written) hold data
         for ti, t_interval in enumerate(plan.frames):
             p0, p1 = temporal_pixels(t_interval)
@@ -277,6 +278,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
                         on_step(done, plan.count)
             if len(plan.frames) > 1:
                 group = group * weights_t[ti].to(device).view(1, -1, 1, 1, 1)
+            out = host.ready()
             overlap = max(0, min(written, p1) - p0)                                 # frames an earlier group wrote
             if overlap:
                 out[:, p0:p0 + overlap] += group[:, :overlap].cpu()
@@ -288,7 +290,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
         "mode": tiling.mode, "plan": plan.reason, "latent_tiles": {"frames": plan.frames, "rows": plan.rows,
                                                                     "cols": plan.cols},
         "estimate_bytes": plan.estimate_bytes, "memory_budget": memory_budget, "dtype": str(dtype).split(".")[-1]})
-    return out.view(batch * frames, height, width, 3), stats
+    return host.ready().view(batch * frames, height, width, 3), stats
 
 
 # ------------------------------------------------------------------------------------------------------ tiny file

@@ -24,6 +24,7 @@ from .assets import Kind, expect_kind, read_state_dict
 from .decode_stats import DecodeStats
 from .device_memory import free_bytes, start_meter
 from .errors import LTX25Error
+from .host_frames import HostFrames
 from .keymap import Drop, KeyMap, Rename, Split, load_strict
 from .latents import denormalize_video
 from .tiny_common import MODEL_VERSION, TINY_DIMS, generator, latent_statistics, randomize_, save_native
@@ -378,8 +379,10 @@ class _Decode:
         acc_dtype = torch.float16 if dtype == torch.bfloat16 else dtype  # bf16's 8-bit mantissa would band blends
         frames, rows, cols = schedule.content
         _, height, width = schedule.canvas
-        work["out"] = torch.empty(batch, frames.stop, rows.stop - rows.start, cols.stop - cols.start, 3,
-                                  device=out_device)
+        shape = (batch, frames.stop, rows.stop - rows.start, cols.stop - cols.start, 3)
+        on_host = torch.device(out_device).type == "cpu"
+        host = HostFrames(shape, prefault=device.type != "cpu") if on_host else None
+        work["out"] = torch.empty(0) if on_host else torch.empty(shape, device=out_device)
         z = denormalize_video(latent, vae.latents_mean, vae.latents_std, device)
         t_pad, top, left = schedule.latent_pad
         bottom, right = schedule.work_thw[1] - latent.shape[3] - top, schedule.work_thw[2] - latent.shape[4] - left
@@ -400,10 +403,12 @@ class _Decode:
                 work["acc"][:, :, :work["stub"].shape[2]] += work.pop("stub")
             if emit1 < span.pixels[1]:
                 work["stub"] = work["acc"][:, :, emit1 - emit0:].clone()
+            if host is not None:
+                work["out"] = host.ready()
             for f0 in range(emit0, min(emit1, frames.stop), EMIT_FRAMES):  # small chunks: no fp32 group copy
                 f1 = min(f0 + EMIT_FRAMES, emit1, frames.stop)
                 rgb = work["acc"][:, :, f0 - emit0:f1 - emit0, rows, cols].float()
-                work["out"][:, f0:f1] = rgb.add_(1).div_(2).clamp_(0, 1).permute(0, 2, 3, 4, 1).to(out_device)
+                work["out"][:, f0:f1].copy_(rgb.add_(1).div_(2).clamp_(0, 1).permute(0, 2, 3, 4, 1))
             del work["acc"]
         del work["pre"]
 
