@@ -124,12 +124,19 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny config and shapes")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
+    parser.add_argument("--no-variants", action="store_true", help="skip all opt-in variants")
+    parser.add_argument("--shapes", default="", help="comma-separated subset of the shape labels")
+    parser.add_argument("--skip-long", action="store_true", help="skip the 121 vs 241 frames streaming case")
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     vae_config = cv.TINY_VAE_CONFIG if args.smoke else cv.SHIPPED_VAE_CONFIG
     shapes, long_shapes = (SMOKE_SHAPES, SMOKE_LONG) if args.smoke else (REAL_SHAPES, LONG_SHAPES)
     repeats = 1 if args.smoke else args.repeats
+    if args.shapes:
+        shapes = {k: v for k, v in shapes.items() if k in args.shapes.split(",")}
+    if args.skip_long:
+        long_shapes = {}
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
@@ -166,9 +173,10 @@ def main(argv=None) -> int:
             _, stats = cv.decode_conv(ours, z, TilingRequest("auto"))
             row["ours_auto_plan"] = {"tiles": stats.tile_count, "plan": stats.extra["plan"]}
             baseline, _ = cv.decode_conv(ours, z, TilingRequest("off"))
-            variants = {"channels_last": dict(channels_last=True), "fused_norm_silu": dict(fuse_norm_act=True),
-                        "channels_last_fused": dict(channels_last=True, fuse_norm_act=True)}
-            if device.type == "cuda" and not args.no_compile:
+            variants = {} if args.no_variants else {
+                "channels_last": dict(channels_last=True), "fused_norm_silu": dict(fuse_norm_act=True),
+                "channels_last_fused": dict(channels_last=True, fuse_norm_act=True)}
+            if device.type == "cuda" and not args.no_compile and not args.no_variants:
                 variants["channels_last_fused_compiled"] = dict(channels_last=True, fuse_norm_act=True,
                                                                 compile_norm_act=True)
             for label, options in variants.items():
@@ -200,7 +208,8 @@ def main(argv=None) -> int:
                                          device, 1), "tiles": stats.tile_count, "estimate_gib":
                                stats.extra["estimate_bytes"] / 2**30}
     peaks = [v.get("peak_gib", 0) for v in streaming.values()]
-    streaming["long_over_short_peak"] = peaks[1] / peaks[0] if peaks[0] else None
+    if len(peaks) == 2:
+        streaming["long_over_short_peak"] = peaks[1] / peaks[0] if peaks[0] else None
     results["auto_forced_budget_gib"] = budget / 2**30
     results["streaming"] = streaming
     print(json.dumps(results))

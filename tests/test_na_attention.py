@@ -94,14 +94,15 @@ def test_grid_smaller_than_the_kernel_is_refused():
 @pytest.mark.parametrize("device,ck,natten,want", [
     ("cpu", ("eager",), (True, False), "sdpa"),
     ("cpu", ("cuda", "triton", "eager"), (True, True), "sdpa"),
-    ("cuda", ("cuda", "triton", "eager"), (False, False), "sdpa"),
-    ("cuda", ("triton", "eager"), (True, False), "sdpa"),
+    ("cuda", ("cuda", "triton", "eager"), (False, False), "comfy_kitchen+sdpa"),
+    ("cuda", ("triton", "eager"), (True, False), "comfy_kitchen+sdpa"),
     ("cuda", ("eager",), (True, True), "sdpa"),
     ("cuda", (), (False, False), "sdpa"),
 ])
 def test_auto_picks_the_fastest_measured(device, ck, natten, want):
-    """The auto gate itself: blocked SDPA everywhere, because it measured faster than comfy_kitchen's fused CUDA kernel
-    on an H200 at both benchmark sizes (docs/PERFORMANCE.md); an explicit choice is always kept."""
+    """The auto gate itself: on CUDA with a fused comfy_kitchen backend, comfy_kitchen for small windows and blocked
+    SDPA for 11³ (each measured the faster there on an H200, docs/PERFORMANCE.md); blocked SDPA otherwise (comfy_kitchen's
+    eager CPU path is slower); an explicit choice is always kept."""
     assert na.choose_processor("auto", device, ck, natten) == want
     assert na.choose_processor("natten", device, ck, natten) == "natten"  # an explicit choice is kept
 
@@ -148,3 +149,43 @@ def test_processors_agree_on_the_tiny_decoder(tiny_file):
         na.install_processor(vae.model, na.NattenNAProcessor())
         got = dv.stages_1_to_3(decoder, latent)
     assert torch.allclose(got, ref, atol=1e-4), f"natten: max diff {(got - ref).abs().max():.3e}"
+
+
+def test_by_window_processor_routes_by_window_volume():
+    """Small windows (stages 1-4) go to the first processor, stage 5's 11³ to the second; results stay exact."""
+    calls = []
+
+    class Spy(na.SdpaNAProcessor):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def na3d(self, q, k, v, kernel):
+            calls.append((self.name, tuple(kernel)))
+            return super().na3d(q, k, v, kernel)
+
+    proc = na.ByWindowProcessor(Spy("small"), Spy("large"))
+    assert proc.name == "small+large"
+    for kernel in [(3, 7, 7), (3, 5, 5), (11, 11, 11)]:
+        q, k, v = _qkv((1, 11, 11, 11, 1, 8))
+        torch.testing.assert_close(proc.na3d(q, k, v, kernel), _dense_reference(q, k, v, kernel))
+    assert calls == [("small", (3, 7, 7)), ("small", (3, 5, 5)), ("large", (11, 11, 11))]
+
+
+@pytest.mark.parametrize("dim,head_dim", [(256, 64), (64, 16), (96, 48)])
+def test_project_qkv_matches_the_diffusers_module(dim, head_dim):
+    """Our Q/K/V projection (RoPE as one complex multiply per axis, the query's 1/√D folded into it) equals the
+    module's own `project_qkv`: float32 to rounding, bfloat16 bit for bit but for rare 1-ulp ties. head_dim 48 has
+    a scale that is not a power of two, where folding would round differently: the module's method is used."""
+    from diffusers.models.autoencoders.ltx2_diffusion_decoder import LTX2VideoVaeNeighborhoodAttention
+    torch.manual_seed(0)
+    attn = LTX2VideoVaeNeighborhoodAttention(dim, (3, 3, 3), head_dim=head_dim)
+    for p in attn.parameters():
+        p.data.normal_(0, 0.3)
+    x = torch.randn(2, 5, 6, 7, dim)
+    for ours, ref in zip(na.project_qkv(attn, x), attn.project_qkv(x)):
+        torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
+    attn, x = attn.to(torch.bfloat16), x.to(torch.bfloat16)
+    for ours, ref in zip(na.project_qkv(attn, x), attn.project_qkv(x)):
+        assert (ours != ref).float().mean() < 1e-3
+        torch.testing.assert_close(ours, ref, rtol=2 ** -7, atol=0)

@@ -9,7 +9,7 @@ inward at borders, never truncated (NATTEN `na3d` semantics; ltx25.md §10.2).
   the others are tested against; CPU and GPU; memory bounded by the query block and the gather chunk.
 - `natten`: a local `natten.na3d` (never fetched from the Hub).
 - `comfy_kitchen`: `comfy_kitchen.na3d` (fused CUDA/Triton kernels on the GPU, its eager path on the CPU).
-- `auto`: the fastest one available on the device.
+- `auto`: the fastest available on the device, per window size (`ByWindowProcessor`).
 An unavailable backend is an `LTX25Error`, never a silent fallback.
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ from .errors import LTX25Error
 PROCESSORS = ("auto", "sdpa", "natten", "comfy_kitchen")
 WHERE = "processor"
 CUDA_CHUNK, CPU_CHUNK = 2**27, 2**23  # sdpa: gathered key elements per batched call (CPU: also the scores)
+SMALL_WINDOW = 3 * 7 * 7  # the deterministic stages' largest window; stage 5's is 11³
 
 
 def window_start(i: int, length: int, kernel: int) -> int:
@@ -98,14 +99,21 @@ def _bias(masks: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     return bias.masked_fill_(~visible.reshape(n_q, n_k), float("-inf"))
 
 
-def _blocks(x: torch.Tensor, runs: tuple[_Run, _Run, _Run], shape: tuple[int, int, int], keys: bool) -> torch.Tensor:
-    """Strided view `[B, Gt, Gh, Gw, heads, t, h, w, D]` of the query blocks (or their key regions) of `runs`."""
-    s_b, s_t, s_h, s_w, s_n, s_d = x.stride()
-    starts = [r.r0 if keys else r.q0 for r in runs]
-    steps = [r.r_step if keys else r.q_step for r in runs]
-    return x.as_strided((x.shape[0], *(r.count for r in runs), x.shape[4], *shape, x.shape[5]),
-                        (s_b, steps[0] * s_t, steps[1] * s_h, steps[2] * s_w, s_n, s_t, s_h, s_w, s_d),
-                        x.storage_offset() + starts[0] * s_t + starts[1] * s_h + starts[2] * s_w)
+def _token_index(runs: tuple[_Run, _Run, _Run], shape: tuple[int, int, int], dims: tuple[int, int, int],
+                 batch: int, keys: bool, device: torch.device) -> torch.Tensor:
+    """Flat token indices `[B·Gt·Gh·Gw·t·h·w]` of the query blocks (or their key regions) of `runs` in a
+    `[B, T, H, W]` grid. Gathering rows by index copies whole `heads·D` rows with one vectorized kernel; the strided
+    9-D view it replaces was copied element by element and cost more than the attention itself (profile of
+    2026-11-29, docs/PERFORMANCE.md)."""
+    axes = []
+    for run, n in zip(runs, shape):
+        start, step = (run.r0, run.r_step) if keys else (run.q0, run.q_step)
+        axes.append(start + step * torch.arange(run.count, device=device)[:, None] + torch.arange(n, device=device))
+    (t, h, w), (_, height, width) = axes, dims
+    grid = (t[:, None, None, :, None, None] * height + h[None, :, None, None, :, None]) * width \
+        + w[None, None, :, None, None, :]                                     # [Gt, Gh, Gw, t, h, w]
+    first = torch.arange(batch, device=device).view(-1, 1, 1, 1, 1, 1, 1) * math.prod(dims)
+    return (first + grid).reshape(-1)
 
 
 def default_query_block(kernel: tuple[int, ...], cuda: bool) -> tuple[int, int, int]:
@@ -119,9 +127,10 @@ def na3d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: tu
     """Exact 3-D neighborhood attention with `scale=1.0` (q pre-scaled). `q, k, v`: `[B, T, H, W, heads, D]`.
 
     Queries are cut into `query_block` blocks (default: `default_query_block`); a block's keys are the union of
-    its windows (`block + k − 1` per axis). Blocks whose windows sit alike relative to that region (all interior blocks, a few per border) share
-    one `[Nq, Nk]` mask and run as batched SDPA calls over strided views, in chunks of at most `chunk_elements`
-    gathered key elements (on the CPU the math kernel also materializes `[·, Nq, Nk]` scores).
+    its windows (`block + k − 1` per axis). Blocks whose windows sit alike relative to that region (all interior
+    blocks, a few per border) share one `[Nq, Nk]` mask and run as batched SDPA calls on rows gathered by token
+    index, in chunks of at most `chunk_elements` gathered key elements (on the CPU the math kernel also
+    materializes `[·, Nq, Nk]` scores).
     """
     b, t, h, w, heads, dim = q.shape
     dims = (t, h, w)
@@ -129,11 +138,11 @@ def na3d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: tu
         raise LTX25Error(WHERE, "the attention grid (T, H, W)", dims, f"at least the kernel {tuple(kernel_size)}")
     if chunk_elements is None:
         chunk_elements = CUDA_CHUNK if q.is_cuda else CPU_CHUNK
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    rows = [x.reshape(b * t * h * w, heads * dim) for x in (q, k, v)]           # one row per token
     query_block = query_block or default_query_block(kernel_size, q.is_cuda)
     region, groups = _plan(dims, tuple(kernel_size), tuple(query_block), str(q.device))
     n_k = math.prod(region)
-    out = torch.empty_like(v)
+    out = torch.empty(b * t * h * w, heads * dim, dtype=v.dtype, device=v.device)
     for q_shape, runs, masks in groups:
         n_q = math.prod(q_shape)
         bias = None if masks is None else _bias(masks, q.dtype)
@@ -148,12 +157,45 @@ def na3d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: tu
                 part = tuple(r.part(i, min(st, r.count - i)) for r, i, st in
                              ((rt, t0, step_t), (rh, h0, step_h), (rw, w0, step_w)))
                 g = math.prod(r.count for r in part)
-                qs = _blocks(q, part, q_shape, False).reshape(b * g, heads, n_q, dim)
-                ks = _blocks(k, part, region, True).reshape(b * g, heads, n_k, dim)
-                vs = _blocks(v, part, region, True).reshape(b * g, heads, n_k, dim)
-                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias, scale=1.0)
-                _blocks(out, part, q_shape, False).copy_(o.view(b, *(r.count for r in part), heads, *q_shape, dim))
-    return out
+                q_index = _token_index(part, q_shape, dims, b, False, q.device)
+                k_index = _token_index(part, region, dims, b, True, q.device)
+                qs, ks, vs = (x.index_select(0, i).view(b * g, n, heads, dim).transpose(1, 2) for x, i, n in
+                              ((rows[0], q_index, n_q), (rows[1], k_index, n_k), (rows[2], k_index, n_k)))
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias, scale=1.0)   # [b·g, heads, n_q, D]
+                out.index_copy_(0, q_index, o.transpose(1, 2).reshape(b * g * n_q, heads * dim))
+    return out.view(b, t, h, w, heads, dim)
+
+
+def _rotate(x: torch.Tensor, rope, scale: float) -> torch.Tensor:
+    """diffusers' `LTX2VideoVaeRotaryPosEmbed3D(x) * scale`: each axis chunk's (even, odd) pairs rotated in float32 by
+    its position's angles, then cast back. One float32 copy rotated in place by one complex multiply per axis,
+    instead of ~10 full-size passes and a concat per tensor (the profile had project_qkv at 0.4 s of a 3 s decode).
+    `scale` (a power of two: the query's 1/√64) is folded into the rotation, which is exact."""
+    rotated = x.float()
+    pairs = torch.view_as_complex(rotated.view(*x.shape[:-1], x.shape[-1] // 2, 2))
+    start = 0
+    for axis, dim in enumerate(rope.rope_dim_split):
+        length = x.shape[1 + axis]
+        positions = torch.arange(length, dtype=torch.float32, device=x.device)
+        angles = positions[:, None] * rope._inv_freqs(dim, x.device)[None, :]  # the module's own frequencies
+        shape = [1, 1, 1, 1, 1, dim // 2]
+        shape[1 + axis] = length
+        pairs[..., start:start + dim // 2].mul_(torch.polar(torch.full_like(angles, scale), angles).view(shape))
+        start += dim // 2
+    return rotated.to(x.dtype)
+
+
+def project_qkv(attn, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`attn.project_qkv` (diffusers' `LTX2VideoVaeNeighborhoodAttention`): Q/K/V `[B, T, H, W, heads, D]`,
+    RMS-normed, query × 1/√D, 3-D RoPE — with the rotation of `_rotate`. Falls back to the module's own method
+    when its scale is not a power of two (folding it would round differently)."""
+    if not math.log2(attn.scale).is_integer():
+        return attn.project_qkv(hidden_states)
+    shape = (*hidden_states.shape[:4], attn.heads, attn.head_dim)
+    query = attn.norm_q(attn.to_q(hidden_states).view(shape))
+    key = attn.norm_k(attn.to_k(hidden_states).view(shape))
+    value = attn.to_v(hidden_states).view(shape)
+    return _rotate(query, attn.rope, attn.scale), _rotate(key, attn.rope, 1.0), value
 
 
 class NeighborhoodAttnProcessor:
@@ -169,7 +211,7 @@ class NeighborhoodAttnProcessor:
 
     def __call__(self, attn, hidden_states: torch.Tensor, block_mask=None) -> torch.Tensor:
         batch, frames, height, width, channels = hidden_states.shape
-        query, key, value = attn.project_qkv(hidden_states)  # [B, T, H, W, heads, D]
+        query, key, value = project_qkv(attn, hidden_states)  # [B, T, H, W, heads, D]
         out = self.na3d(query, key, value, tuple(attn.kernel_size))
         return attn.to_out[0](out.reshape(batch, frames, height, width, channels))
 
@@ -219,6 +261,23 @@ class ComfyKitchenNAProcessor(NeighborhoodAttnProcessor):
         return self._ck.na3d(q, k, v, list(kernel), scale=1.0)
 
 
+class ByWindowProcessor(NeighborhoodAttnProcessor):
+    """Routes each call by window volume: windows of at most `max_small` keys to `small`, larger ones to `large`.
+    On an H200 comfy_kitchen's fused kernel is 4-9× faster than blocked SDPA on the deterministic stages' 3×7×7 and
+    3×5×5 windows, and blocked SDPA the faster on stage 5's 11×11×11 (profile of 2026-11-29, docs/PERFORMANCE.md)."""
+
+    def __init__(self, small: NeighborhoodAttnProcessor, large: NeighborhoodAttnProcessor,
+                 max_small: int = SMALL_WINDOW) -> None:
+        self.small, self.large, self.max_small = small, large, max_small
+        self.name = f"{small.name}+{large.name}"
+
+    def na3d(self, q, k, v, kernel):
+        return (self.small if math.prod(kernel) <= self.max_small else self.large).na3d(q, k, v, kernel)
+
+    def scratch_bytes(self, element_bytes: int, cuda: bool) -> int:
+        return max(self.small.scratch_bytes(element_bytes, cuda), self.large.scratch_bytes(element_bytes, cuda))
+
+
 # ------------------------------------------------------------------------------------------- availability
 def comfy_kitchen_backends() -> tuple[str, ...]:
     """comfy_kitchen backends that offer `na3d` here (e.g. ("cuda", "triton", "eager")); () if not installed."""
@@ -242,12 +301,15 @@ def natten_status() -> tuple[bool, bool]:
 
 def choose_processor(requested: str, device_type: str, ck_backends: tuple[str, ...],
                      natten: tuple[bool, bool]) -> str:
-    """`auto` → the fastest measured: our blocked SDPA, on CUDA and on the CPU alike. On an H200 (2026-11-29,
-    docs/PERFORMANCE.md) it decoded 768×512×121 in 2.81 s against 3.60 s for comfy_kitchen's fused CUDA kernel, and
-    1920×1088×121 in 14.3 s against 18.9 s. NATTEN's CUDA library was not measured, so auto never picks it; it stays
-    selectable by name. `ck_backends` and `natten` are kept so the rule can change with a measurement."""
+    """`auto` → the fastest measured per window size. On CUDA with comfy_kitchen's fused kernels (its `cuda` or
+    `triton` backend): comfy_kitchen for the small windows of stages 1-4 and blocked SDPA for stage 5
+    (`comfy_kitchen+sdpa`, see `ByWindowProcessor`); otherwise blocked SDPA (on the CPU comfy_kitchen runs its eager
+    path, slower than SDPA). NATTEN's CUDA library was not measured, so auto never picks it; it stays selectable by
+    name."""
     if requested != "auto":
         return requested
+    if device_type == "cuda" and {"cuda", "triton"} & set(ck_backends):
+        return "comfy_kitchen+sdpa"
     return "sdpa"
 
 
@@ -259,6 +321,8 @@ def make_processor(requested: str, device: torch.device) -> NeighborhoodAttnProc
     name = choose_processor(requested, device.type, ck, nat)
     if name == "sdpa":
         return SdpaNAProcessor()
+    if name == "comfy_kitchen+sdpa":
+        return ByWindowProcessor(ComfyKitchenNAProcessor(), SdpaNAProcessor())
     if name == "natten":
         if not nat[0]:
             raise LTX25Error(WHERE, "natten", "not installed", "an importable natten package",
