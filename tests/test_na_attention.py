@@ -11,11 +11,13 @@ import torch.nn.functional as F
 from nodes.ltx import na_attention as na
 from nodes.ltx.errors import LTX25Error
 
-CASES = [  # (q shape [B, T, H, W, heads, D], kernel, query block)
-    ((1, 6, 8, 8, 2, 16), (3, 5, 5), (4, 8, 8)),
-    ((2, 7, 9, 11, 3, 8), (3, 3, 5), (2, 4, 3)),
-    ((1, 11, 11, 12, 1, 8), (11, 11, 11), (4, 8, 8)),   # kernel = axis: every window is the whole axis
-    ((1, 5, 13, 6, 2, 8), (5, 7, 3), (3, 5, 4)),        # blocks that do not divide the axes
+CASES = [  # (q shape [B, T, H, W, heads, D], kernel, spatial query block)
+    ((1, 6, 8, 8, 2, 16), (3, 5, 5), (8, 8)),
+    ((2, 7, 9, 11, 3, 8), (3, 3, 5), (4, 3)),
+    ((1, 11, 11, 12, 1, 8), (11, 11, 11), (8, 8)),      # kernel = axis: every window is the whole axis
+    ((1, 5, 13, 6, 2, 8), (5, 7, 3), (5, 4)),           # blocks that do not divide the axes
+    ((1, 14, 6, 5, 2, 8), (5, 3, 3), (2, 2)),           # interior frames, both border runs, 9 spatial classes
+    ((2, 3, 4, 4, 1, 8), (3, 3, 3), (2, 3)),            # kernel = T: one centered frame, batch of 2
 ]
 
 
@@ -67,7 +69,7 @@ def test_border_windows_shift_inward_never_truncate():
     t, kt = 9, 5
     q = torch.zeros(1, t, 3, 3, 1, 8)
     v = torch.arange(t, dtype=torch.float32).view(1, t, 1, 1, 1, 1).expand(1, t, 3, 3, 1, 8).contiguous()
-    out = na.na3d_sdpa(q, torch.randn_like(q) * 0, v, (kt, 3, 3), (2, 2, 2))
+    out = na.na3d_sdpa(q, torch.randn_like(q) * 0, v, (kt, 3, 3), (2, 2))
     starts = [min(max(i - kt // 2, 0), t - kt) for i in range(t)]
     assert starts[:3] == [0, 0, 0] and starts[-3:] == [4, 4, 4]
     want = torch.tensor([s + (kt - 1) / 2 for s in starts])
@@ -78,8 +80,8 @@ def test_border_windows_shift_inward_never_truncate():
 def test_chunking_and_block_shape_do_not_change_the_result():
     """Memory knobs only: tiny gather chunks and other query blocks give the same output."""
     q, k, v = _qkv((1, 9, 10, 12, 2, 8), torch.float64)
-    ref = na.na3d_sdpa(q, k, v, (3, 5, 5), (4, 8, 8))
-    for block, chunk in [((1, 1, 1), None), ((3, 3, 7), 1000), ((9, 10, 12), 1)]:
+    ref = na.na3d_sdpa(q, k, v, (3, 5, 5), (8, 8))
+    for block, chunk in [((1, 1), None), ((3, 7), 1000), ((10, 12), 1)]:
         got = na.na3d_sdpa(q, k, v, (3, 5, 5), block, chunk)
         assert torch.allclose(got, ref, atol=1e-12), f"{block}/{chunk}: {(got - ref).abs().max():.3e}"
 

@@ -69,100 +69,123 @@ def _axis_classes(length: int, kernel: int, block: int) -> tuple[int, dict]:
 
 
 @functools.lru_cache(maxsize=64)
-def _plan(dims: tuple[int, ...], kernel: tuple[int, ...], block: tuple[int, ...], device: str):
-    """Key-region shape and, per geometry group, (query block shape, runs per axis, per-axis window masks
-    `[q_len, region]` or None when every window covers the whole region). Cached: all blocks of a decoder stage
-    (and all tiles of one size) attend over the same grid. Only these 1-D masks are kept; the `[Nq, Nk]` bias is
-    rebuilt per call, so the cache holds kilobytes, not a mask per tile shape."""
-    axes = [_axis_classes(n, k, min(b, n)) for n, k, b in zip(dims, kernel, block)]
-    region = tuple(r for r, _ in axes)
+def _plan(dims: tuple[int, int, int], kernel: tuple[int, int, int], block: tuple[int, int], device: str):
+    """Spatial key-region shape and, per spatial geometry group, (query block shape `(h, w)`, runs along H and W,
+    spatial mask `[h·w, region_h·region_w]` or None when every window covers the whole region). Cached: all blocks of
+    a decoder stage (and all tiles of one size) attend over the same grid."""
+    (_, kh, kw), (_, height, width) = kernel, dims
+    (region_h, classes_h), (region_w, classes_w) = (_axis_classes(n, k, min(b, n)) for n, k, b in
+                                                    zip((height, width), (kh, kw), block))
     groups = []
-    for (ct, rt), (ch, rh), (cw, rw) in itertools.product(*(a[1].items() for a in axes)):
+    for ((qh, rel_h), runs_h), ((qw, rel_w), runs_w) in itertools.product(classes_h.items(), classes_w.items()):
         masks = []
-        for (q_len, rel), r, k in zip((ct, ch, cw), region, kernel):
-            keys = torch.arange(r)[None, :]
+        for rel, region, k in ((rel_h, region_h, kh), (rel_w, region_w, kw)):
             starts = torch.tensor(rel)[:, None]
-            masks.append((keys >= starts) & (keys < starts + k))  # [q_len, region]
-        full = all(bool(m.all()) for m in masks)  # no mask needed, and SDPA may pick a flash kernel
-        groups.append(((ct[0], ch[0], cw[0]), (rt, rh, rw), None if full else [m.to(device) for m in masks]))
-    return region, groups
+            keys = torch.arange(region)[None, :]
+            masks.append((keys >= starts) & (keys < starts + k))               # [q_len, region]
+        visible = (masks[0][:, None, :, None] & masks[1][None, :, None, :]).reshape(qh * qw, region_h * region_w)
+        groups.append(((qh, qw), (runs_h, runs_w), None if bool(visible.all()) else visible.to(device)))
+    return (region_h, region_w), groups
 
 
-def _bias(masks: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """Additive `[Nq, Nk]` bias (0 / −inf) of the separable window mask, rows padded to 16 elements: SDPA's
-    memory-efficient kernel wants aligned strides and would otherwise pad a copy on every call."""
-    visible = masks[0][:, None, None, :, None, None] & masks[1][None, :, None, None, :, None] \
-        & masks[2][None, None, :, None, None, :]
-    n_q = masks[0].shape[0] * masks[1].shape[0] * masks[2].shape[0]
-    n_k = masks[0].shape[1] * masks[1].shape[1] * masks[2].shape[1]
+def _bias(visible: torch.Tensor | None, slabs: int, query_repeats: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """Additive `[repeats·Nq, slabs·Nk]` bias (0 / −inf) of a spatial mask, the same for every frame slab of the keys
+    and every frame of the queries; rows padded to 16 elements (SDPA's kernels want aligned strides)."""
+    if visible is None:
+        return None
+    visible = visible.repeat(query_repeats, slabs)
+    n_q, n_k = visible.shape
     bias = torch.zeros(n_q, -(-n_k // 16) * 16, dtype=dtype, device=visible.device)[:, :n_k]
-    return bias.masked_fill_(~visible.reshape(n_q, n_k), float("-inf"))
+    return bias.masked_fill_(~visible, float("-inf"))
 
 
-def _token_index(runs: tuple[_Run, _Run, _Run], shape: tuple[int, int, int], dims: tuple[int, int, int],
-                 batch: int, keys: bool, device: torch.device) -> torch.Tensor:
-    """Flat token indices `[B·Gt·Gh·Gw·t·h·w]` of the query blocks (or their key regions) of `runs` in a
-    `[B, T, H, W]` grid. Gathering rows by index copies whole `heads·D` rows with one vectorized kernel; the strided
-    9-D view it replaces was copied element by element and cost more than the attention itself (profile of
-    2026-11-29, docs/PERFORMANCE.md)."""
+def _token_index(runs: tuple[_Run, _Run], shape: tuple[int, int], dims: tuple[int, int, int], batch: int,
+                 keys: bool, device: torch.device) -> torch.Tensor:
+    """Flat token indices `[B, Gh, Gw, T, h, w]` of the spatial query blocks (or their key regions) of `runs`, every
+    frame, in a `[B, T, H, W]` grid. Gathering by index copies whole `heads·D` rows with one vectorized kernel."""
     axes = []
     for run, n in zip(runs, shape):
         start, step = (run.r0, run.r_step) if keys else (run.q0, run.q_step)
         axes.append(start + step * torch.arange(run.count, device=device)[:, None] + torch.arange(n, device=device))
-    (t, h, w), (_, height, width) = axes, dims
-    grid = (t[:, None, None, :, None, None] * height + h[None, :, None, None, :, None]) * width \
-        + w[None, None, :, None, None, :]                                     # [Gt, Gh, Gw, t, h, w]
-    first = torch.arange(batch, device=device).view(-1, 1, 1, 1, 1, 1, 1) * math.prod(dims)
-    return (first + grid).reshape(-1)
+    (h, w), (frames, height, width) = axes, dims
+    frame = torch.arange(batch * frames, device=device).view(batch, 1, 1, frames, 1, 1)  # b·T + t
+    grid = (frame * height + h[None, :, None, None, :, None]) * width
+    return (grid + w[None, None, :, None, None, :]).reshape(-1)
 
 
-def default_query_block(kernel: tuple[int, ...], cuda: bool) -> tuple[int, int, int]:
-    """GPU: (4, 8, 8), ≥ 256 queries per block for the fused kernels. CPU (the math kernel materializes every
-    score): about one window per block, which keeps the wasted scores `(block + k − 1)³ / (block·k³)` low."""
-    return (4, 8, 8) if cuda else tuple(min(k, 8) for k in kernel)
+def default_query_block(kernel: tuple[int, ...], cuda: bool) -> tuple[int, int]:
+    """Spatial query block `(h, w)`. GPU: 8×8 — 64 queries per frame, SDPA's smallest efficient query tile; the
+    gathered keys are `(8 + k − 1)² / 64` ≈ 5× the keys and each query scores `(8 + k − 1)²/k²` ≈ 2.7× its window
+    at k = 11. CPU (the math kernel materializes every score): about one window."""
+    return (8, 8) if cuda else tuple(min(k, 8) for k in kernel[1:])
 
 
 def na3d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: tuple[int, int, int],
-              query_block: tuple[int, int, int] | None = None, chunk_elements: int | None = None) -> torch.Tensor:
+              query_block: tuple[int, int] | None = None, chunk_elements: int | None = None) -> torch.Tensor:
     """Exact 3-D neighborhood attention with `scale=1.0` (q pre-scaled). `q, k, v`: `[B, T, H, W, heads, D]`.
 
-    Queries are cut into `query_block` blocks (default: `default_query_block`); a block's keys are the union of
-    its windows (`block + k − 1` per axis). Blocks whose windows sit alike relative to that region (all interior
-    blocks, a few per border) share one `[Nq, Nk]` mask and run as batched SDPA calls on rows gathered by token
-    index, in chunks of at most `chunk_elements` gathered key elements (on the CPU the math kernel also
-    materializes `[·, Nq, Nk]` scores).
+    Spatially, queries are cut into `query_block` `(h, w)` blocks (default: `default_query_block`) whose keys are the
+    union of their windows (`block + k − 1` per axis), gathered by token index for all frames at once:
+    `[frames, region]` rows per block. In time nothing is gathered: the keys of a frame's queries are the `k_t`
+    consecutive frame slabs of that buffer its window starts at, so every interior frame of every block is one
+    batch entry of a single SDPA call over an overlapping strided view, and the border frames (whose window is
+    shifted inward) two more calls. Blocks whose spatial windows sit alike relative to their region share one
+    mask; work runs in chunks of at most `chunk_elements` gathered key elements (on the CPU the math kernel also
+    materializes the scores).
     """
     b, t, h, w, heads, dim = q.shape
-    dims = (t, h, w)
+    dims, (kt, kh, kw) = (t, h, w), kernel_size
     if any(kk > n for kk, n in zip(kernel_size, dims)):
         raise LTX25Error(WHERE, "the attention grid (T, H, W)", dims, f"at least the kernel {tuple(kernel_size)}")
     if chunk_elements is None:
         chunk_elements = CUDA_CHUNK if q.is_cuda else CPU_CHUNK
     rows = [x.reshape(b * t * h * w, heads * dim) for x in (q, k, v)]           # one row per token
     query_block = query_block or default_query_block(kernel_size, q.is_cuda)
-    region, groups = _plan(dims, tuple(kernel_size), tuple(query_block), str(q.device))
-    n_k = math.prod(region)
+    (region_h, region_w), groups = _plan(dims, tuple(kernel_size), tuple(query_block), str(q.device))
+    slab = region_h * region_w                                                  # key rows per block and frame
+    lead = kt // 2                                                              # frames [lead, last] are centered
+    last_interior = t - kt + lead
     out = torch.empty(b * t * h * w, heads * dim, dtype=v.dtype, device=v.device)
-    for q_shape, runs, masks in groups:
-        n_q = math.prod(q_shape)
-        bias = None if masks is None else _bias(masks, q.dtype)
-        per_block = b * heads * (n_k * dim + (0 if q.is_cuda else n_q * n_k))
-        for rt, rh, rw in itertools.product(*runs):
-            steps = []  # blocks per call along W, then H, then T, so one call stays within the chunk
-            for run in (rw, rh, rt):
-                steps.append(max(1, min(run.count, chunk_elements // (per_block * math.prod(steps)))))
-            step_w, step_h, step_t = steps
-            for t0, h0, w0 in itertools.product(*(range(0, r.count, st) for r, st in
-                                                  ((rt, step_t), (rh, step_h), (rw, step_w)))):
-                part = tuple(r.part(i, min(st, r.count - i)) for r, i, st in
-                             ((rt, t0, step_t), (rh, h0, step_h), (rw, w0, step_w)))
-                g = math.prod(r.count for r in part)
-                q_index = _token_index(part, q_shape, dims, b, False, q.device)
-                k_index = _token_index(part, region, dims, b, True, q.device)
-                qs, ks, vs = (x.index_select(0, i).view(b * g, n, heads, dim).transpose(1, 2) for x, i, n in
-                              ((rows[0], q_index, n_q), (rows[1], k_index, n_k), (rows[2], k_index, n_k)))
-                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias, scale=1.0)   # [b·g, heads, n_q, D]
-                out.index_copy_(0, q_index, o.transpose(1, 2).reshape(b * g * n_q, heads * dim))
+    row = heads * dim
+    for (qh, qw), (runs_h, runs_w), visible in groups:
+        n_q = qh * qw
+        bias_inner = _bias(visible, kt, 1, q.dtype)
+        per_block = b * t * slab * row + (0 if q.is_cuda else b * t * n_q * kt * slab * heads)
+        for rh, rw in itertools.product(runs_h, runs_w):
+            step_w = max(1, min(rw.count, chunk_elements // per_block))
+            step_h = max(1, min(rh.count, chunk_elements // (per_block * step_w)))
+            for h0, w0 in itertools.product(range(0, rh.count, step_h), range(0, rw.count, step_w)):
+                part = (rh.part(h0, min(step_h, rh.count - h0)), rw.part(w0, min(step_w, rw.count - w0)))
+                g = b * part[0].count * part[1].count                           # blocks (with the batch) this chunk
+                q_index = _token_index(part, (qh, qw), dims, b, False, q.device)
+                k_index = _token_index(part, (region_h, region_w), dims, b, True, q.device)
+                qs = rows[0].index_select(0, q_index)                           # [g·T·n_q, row]
+                ks, vs = rows[1].index_select(0, k_index), rows[2].index_select(0, k_index)  # [g·T·slab, row]
+                o = torch.empty_like(qs)
+
+                def attend(frame0: int, frames: int, count: int, key_frame0: int, key_step: int, repeats: int,
+                           bias: torch.Tensor | None) -> None:
+                    """`count` batch entries; entry i: queries of `repeats` frames from frame `frame0 + i·frames`,
+                    keys `kt` slabs from slab `key_frame0 + i·key_step` (frame counts in the gathered buffers)."""
+                    n = repeats * n_q
+                    view_q = qs.as_strided((count, heads, n, dim), (frames * n_q * row, dim, row, 1),
+                                           frame0 * n_q * row)
+                    view_k, view_v = (x.as_strided((count, heads, kt * slab, dim), (key_step * slab * row, dim, row, 1),
+                                                   key_frame0 * slab * row) for x in (ks, vs))
+                    result = F.scaled_dot_product_attention(view_q, view_k, view_v, attn_mask=bias, scale=1.0)
+                    o.as_strided((count, n, heads, dim), (frames * n_q * row, row, dim, 1),
+                                 frame0 * n_q * row).copy_(result.transpose(1, 2))
+
+                # interior frames of all blocks at once: entry u = block·T + frame, keys from slab u − kt//2;
+                # entries at a block's edge frames read a neighbour's slabs and are redone by the calls below
+                count = g * t - (kt - 1)
+                attend(lead, 1, count, 0, 1, 1, bias_inner)
+                if lead:             # frames [0, kt//2) all attend to slabs [0, kt)
+                    attend(0, t, g, 0, t, lead, _bias(visible, kt, lead, q.dtype))
+                tail = t - 1 - last_interior
+                if tail:             # frames (last_interior, T) all attend to slabs [T − kt, T)
+                    attend(last_interior + 1, t, g, t - kt, t, tail, _bias(visible, kt, tail, q.dtype))
+                out.index_copy_(0, q_index, o)
     return out.view(b, t, h, w, heads, dim)
 
 
