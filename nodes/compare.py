@@ -32,7 +32,8 @@ class LTX25DecoderCompare:
 
     def compare(self, images_a, images_b, label_a, label_b, layout, resize_b, stats_a=None, stats_b=None):
         images_b = check_comparable(images_a, images_b, resize_b)
-        report = compare_report(images_a, images_b, (label_a, label_b), {"a": stats_a, "b": stats_b})
+        report = compare_report(images_a, images_b, (label_a, label_b), {"a": stats_a, "b": stats_b},
+                                bridge.compute_device())
         text = report_json(report)
         folder, picks = bridge.temp_dir(), preview_frame_indices(images_a.shape[0])
         frames = {side: [{"filename": name, "subfolder": "", "type": "temp"}

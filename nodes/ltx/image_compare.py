@@ -17,9 +17,21 @@ from .errors import LTX25Error
 SSIM_C1, SSIM_C2 = 0.01**2, 0.03**2  # Wang et al. 2004 with data range 1
 
 
-def psnr_per_frame(a: torch.Tensor, b: torch.Tensor) -> list[float]:
+FRAMES_PER_CHUNK = 8  # frames moved to the metric device at a time: bounds its memory at any clip length
+
+
+def _chunks(a: torch.Tensor, b: torch.Tensor, device: torch.device | None):
+    """(x, y) frame chunks of A and B on `device` (None: where they are) in float64 on the CPU and float32 on a GPU
+    (consumer GPUs run float64 at 1/64 rate; SSIM's variances in float32 are good to ~1e-7)."""
+    device = device or a.device
+    dtype = torch.float64 if device.type == "cpu" else torch.float32
+    for f0 in range(0, a.shape[0], FRAMES_PER_CHUNK):
+        yield (t[f0:f0 + FRAMES_PER_CHUNK].to(device, dtype, non_blocking=True) for t in (a, b))
+
+
+def psnr_per_frame(a: torch.Tensor, b: torch.Tensor, device: torch.device | None = None) -> list[float]:
     """+inf for identical frames."""
-    mse = ((a.double() - b.double()) ** 2).flatten(1).mean(1)
+    mse = torch.cat([((x - y) ** 2).flatten(1).mean(1).double().cpu() for x, y in _chunks(a, b, device)])
     return [math.inf if m == 0 else 10 * math.log10(1.0 / float(m)) for m in mse]
 
 
@@ -29,10 +41,10 @@ def _gaussian_window(size: int = 11, sigma: float = 1.5) -> torch.Tensor:
     return g / g.sum()
 
 
-def ssim_per_frame(a: torch.Tensor, b: torch.Tensor) -> list[float]:
-    """Mean SSIM over channels with an 11×11 Gaussian window (σ 1.5), valid region only; 1.0 when identical."""
-    x, y = (t.double().permute(0, 3, 1, 2) for t in (a, b))  # [F, 3, H, W]
-    g = _gaussian_window((min(11, x.shape[-2], x.shape[-1]) - 1) // 2 * 2 + 1)  # odd, fits small frames
+def _ssim(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-frame mean SSIM of `[F, H, W, 3]` frames."""
+    x, y = (t.permute(0, 3, 1, 2) for t in (x, y))  # [F, 3, H, W]
+    g = _gaussian_window((min(11, x.shape[-2], x.shape[-1]) - 1) // 2 * 2 + 1).to(x.device, x.dtype)
     channels = x.shape[1]
     kh = g.view(1, 1, -1, 1).repeat(channels, 1, 1, 1)
     kw = g.view(1, 1, 1, -1).repeat(channels, 1, 1, 1)
@@ -45,7 +57,12 @@ def ssim_per_frame(a: torch.Tensor, b: torch.Tensor) -> list[float]:
     var_y = blur(y * y) - mu_y**2
     cov = blur(x * y) - mu_x * mu_y
     ssim = ((2 * mu_x * mu_y + SSIM_C1) * (2 * cov + SSIM_C2)) / ((mu_x**2 + mu_y**2 + SSIM_C1) * (var_x + var_y + SSIM_C2))
-    return [float(v) for v in ssim.flatten(1).mean(1)]
+    return ssim.flatten(1).mean(1)
+
+
+def ssim_per_frame(a: torch.Tensor, b: torch.Tensor, device: torch.device | None = None) -> list[float]:
+    """Mean SSIM over channels with an 11×11 Gaussian window (σ 1.5), valid region only; 1.0 when identical."""
+    return [float(v) for x, y in _chunks(a, b, device) for v in _ssim(x, y).double().cpu()]
 
 
 def check_comparable(a: torch.Tensor, b: torch.Tensor, resize: bool) -> torch.Tensor:
@@ -88,9 +105,9 @@ def _finite(x: float) -> float | str:
 
 
 def compare_report(a: torch.Tensor, b: torch.Tensor, labels: tuple[str, str],
-                   stats: Mapping[str, DecodeStats | None]) -> dict:
-    """The A/B report: per-frame and mean PSNR/SSIM (B against A) plus each decoder's cost."""
-    psnr, ssim = psnr_per_frame(a, b), ssim_per_frame(a, b)
+                   stats: Mapping[str, DecodeStats | None], device: torch.device | None = None) -> dict:
+    """The A/B report: per-frame and mean PSNR/SSIM (B against A, computed on `device`) plus each decoder's cost."""
+    psnr, ssim = psnr_per_frame(a, b, device), ssim_per_frame(a, b, device)
     mean_psnr = math.inf if all(math.isinf(p) for p in psnr) else float(np.mean([min(p, 100.0) for p in psnr]))
     decoders = {}
     if labels[0] == labels[1]:
