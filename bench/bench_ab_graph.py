@@ -249,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
         result["gpu_total_gib"] = torch.cuda.mem_get_info(device)[1] / GiB
-        preset, result["build_s"], gemma = build_real(device, os.path.join(work, *OFFICIAL_FILES["text_encoder"]))
+        tiny_text_encoder = os.path.join(work, "models", *OFFICIAL_FILES["text_encoder"])
+        preset, result["build_s"], gemma = build_real(device, tiny_text_encoder)
         heavy = {LOADERS[k]: v[0].module for k, v in preset.items() if k != "2"}
         heavy["text_encoder"] = gemma
         result["weights_gib"] = {name: bridge.module_bytes(m) / GiB for name, m in heavy.items()}

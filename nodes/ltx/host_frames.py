@@ -19,13 +19,25 @@ class HostFrames:
     def __init__(self, shape: tuple[int, ...], prefault: bool, dtype: torch.dtype = torch.float32) -> None:
         self._tensor = torch.empty(shape, dtype=dtype)
         self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
         if prefault and self._tensor.numel():
-            self._thread = threading.Thread(target=self._tensor.zero_, name="ltx25-prefault", daemon=True)
+            self._thread = threading.Thread(target=self._touch, name="ltx25-prefault", daemon=True)
             self._thread.start()
+
+    def _touch(self) -> None:
+        try:
+            # Inference mode is per thread: a tensor made under it (every node runs there) can only be written
+            # to under it, on this thread too.
+            with torch.inference_mode(self._tensor.is_inference()):
+                self._tensor.zero_()
+        except BaseException as error:  # noqa: BLE001 - handed to the decoding thread by ready()
+            self._error = error
 
     def ready(self) -> torch.Tensor:
         """The tensor, once the background touching is done (call before writing into it)."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._error is not None:
+            raise self._error
         return self._tensor

@@ -142,6 +142,7 @@ def save_preview_frames(frames: torch.Tensor, folder: str, prefix: str, picks: l
     names = []
     for index in picks:
         name = f"{prefix}_{tag}_{index:05d}.png"
-        Image.fromarray((frames[index].clamp(0, 1).numpy() * 255).round().astype(np.uint8)).save(os.path.join(folder, name))
+        pixels = (frames[index].clamp(0, 1).numpy() * 255).round().astype(np.uint8)
+        Image.fromarray(pixels).save(os.path.join(folder, name), compress_level=1)  # temp previews, as ComfyUI's
         names.append(name)
     return names
