@@ -8,7 +8,8 @@ from .ltx.errors import LTX25Error
 CATEGORY = "LTX-2.5/decode"
 NODE = "LTX25DiffusionVAEDecode"
 PROCESSOR_INPUT = (["auto", "sdpa", "natten", "comfy_kitchen"], {"default": "auto", "tooltip": (
-    "Neighborhood-attention backend. auto: the fastest measured (sdpa, on CUDA and CPU; docs/PERFORMANCE.md). "
+    "Neighborhood-attention backend. auto: the fastest measured per window size (on CUDA with comfy-kitchen: "
+    "comfy_kitchen for the small windows, sdpa for the 11x11x11 pixel stage; sdpa otherwise; docs/PERFORMANCE.md). "
     "sdpa: exact blocked PyTorch attention, runs anywhere. All give the same video within float tolerance.")})
 TILING_INPUTS = {
     "tiling": (list(TILING_MODES), {"default": "auto", "tooltip": (

@@ -1,12 +1,14 @@
 """3-D neighborhood-attention processors for diffusers' `LTX2VideoVaeNeighborhoodAttention` (the diffusion VAE).
 
-Each processor is a diffusers attention processor installed with `set_attn_processor`: it takes Q/K/V from the
-module's own `project_qkv` (RMS-normed, query pre-scaled by 1/sqrt(head_dim), 3-D RoPE) and runs the window
-attention with `scale=1.0`. Window per axis: exactly `k` keys starting at `clamp(i − k//2, 0, L − k)` — shifted
-inward at borders, never truncated (NATTEN `na3d` semantics; ltx25.md §10.2).
+Each processor is a diffusers attention processor installed with `set_attn_processor`: it takes Q/K/V as the
+module's own `project_qkv` computes them (RMS-normed, query pre-scaled by 1/sqrt(head_dim), 3-D RoPE; `project_qkv`
+here does the rotation in fewer passes) and runs the window attention with `scale=1.0`. Window per axis: exactly `k`
+keys starting at `clamp(i − k//2, 0, L − k)` — shifted inward at borders, never truncated (NATTEN `na3d` semantics;
+ltx25.md §10.2).
 
-- `sdpa`: exact neighborhood attention on PyTorch SDPA over blocks of queries and their key halo; the reference
-  the others are tested against; CPU and GPU; memory bounded by the query block and the gather chunk.
+- `sdpa`: exact neighborhood attention on PyTorch SDPA: spatial query blocks with their gathered key region, and
+  frame windows as strided views of it (`na3d_sdpa`); the reference the others are tested against; CPU and GPU;
+  memory bounded by the gather chunk.
 - `natten`: a local `natten.na3d` (never fetched from the Hub).
 - `comfy_kitchen`: `comfy_kitchen.na3d` (fused CUDA/Triton kernels on the GPU, its eager path on the CPU).
 - `auto`: the fastest available on the device, per window size (`ByWindowProcessor`).
