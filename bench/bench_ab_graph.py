@@ -15,7 +15,8 @@ load/offload hooks run as usual). Every other node runs unchanged, in the workfl
 
 Per node: seconds (CUDA-synchronized), peak allocated memory (reset before each node), allocated before/after, the
 driver's used memory, and which heavy modules sit on the GPU at the node's start and end (the standalone bridge evicts
-only on memory pressure: on an H200 everything may fit, and that is reported as is). Run 1 is cold (it includes the
+only on memory pressure: on an H200 everything fits, and that is reported as is; `--card-gib 80 --offload-first`
+holds a filler allocation so only 80 GiB are usable, to watch the evictions). Run 1 is cold (it includes the
 sampler's torch.compile + CUDA-graph capture, `acceleration=compile_cuda_graph`, reported as cold − warm); run 2 is
 warm with the same prompt (Encode Prompt hits its cache, as in ComfyUI); then Encode Prompt once more with a new
 prompt (Gemma back onto the GPU, encode, offload). Prints a short table and one JSON line.
@@ -222,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-new-prompt", action="store_true", help="skip the new-prompt encode after run 2")
     parser.add_argument("--offload-first", action="store_true",
                         help="CUDA: move every built module to the CPU before run 1 (as the loaders leave them)")
+    parser.add_argument("--card-gib", type=float, default=0.0,
+                        help="CUDA: hold a filler allocation so only this many GiB of the card are usable, to watch "
+                        "model management evict (on a 141 GB card all 66.6 GiB of weights fit and nothing moves)")
     parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "bench_ab_graph.json")
                         if os.environ.get("OUT") else None)
     args = parser.parse_args(argv)
@@ -260,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
                 module.to("cpu")
             torch.cuda.empty_cache()
         result["alloc_after_build_gib"] = torch.cuda.memory_allocated(device) / GiB
+        if args.card_gib:
+            filler_bytes = int(result["gpu_total_gib"] * GiB - args.card_gib * GiB)
+            filler = torch.empty(filler_bytes, dtype=torch.uint8, device=device)  # held until the process ends
+            result["card_gib"], result["filler_gib"] = args.card_gib, filler.numel() / GiB
     else:
         loaders, outputs = run_graph(prompt, {}, device, {}, only=tuple(LOADERS))  # the normal loader nodes
         preset = {k: outputs[k] for k in LOADERS}
