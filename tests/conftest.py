@@ -36,6 +36,19 @@ def tiny_file(tiny_dir):
     return get
 
 
+@pytest.fixture(scope="module")
+def transformer_path(tiny_file) -> str:
+    return tiny_file("transformer")
+
+
+@pytest.fixture(scope="module")
+def transformer(transformer_path):
+    """The tiny transformer in float32, one per test module (tests may change its config or caches)."""
+    from nodes.ltx.transformer import load_transformer
+
+    return load_transformer(transformer_path, torch.float32)
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tiny_dir, tiny_file) -> str:
     """The whole tiny set; also made the standalone models folder of the bridge."""

@@ -18,16 +18,6 @@ VIDEO, AUDIO = (1, 128, 3, 2, 2), (1, 8, 5, 16)
 VIDEO2 = (1, 128, 3, 4, 4)   # a second shape (stage 2 doubles H and W)
 
 
-@pytest.fixture(scope="module")
-def path(tiny_file):
-    return tiny_file("transformer")
-
-
-@pytest.fixture(scope="module")
-def model(path):
-    return T.load_transformer(path, torch.float32)
-
-
 def latents(shape=VIDEO, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(shape, generator=g), torch.randn(AUDIO, generator=g)
@@ -53,26 +43,26 @@ def test_auto_is_cuda_graph_on_cuda_and_eager_elsewhere():
 
 
 @pytest.mark.parametrize("mode", ["cuda_graph", "compile_cuda_graph"])
-def test_explicit_graph_mode_off_cuda_is_refused(model, mode):
+def test_explicit_graph_mode_off_cuda_is_refused(transformer, mode):
     """Asking for a CUDA graph with the model on the CPU is an error naming the device and the way out ('auto'),
     not a silent fallback to eager."""
     with pytest.raises(LTX25Error, match="CUDA") as info:
-        A.make_denoiser(model, conditioning(), 24.0, mode)
+        A.make_denoiser(transformer, conditioning(), 24.0, mode)
     assert info.value.where == "acceleration" and "cpu" in str(info.value) and "auto" in str(info.value)
 
 
-def test_unknown_mode_is_refused(model):
+def test_unknown_mode_is_refused(transformer):
     """A typo is refused listing the modes."""
     with pytest.raises(LTX25Error, match="cuda_graph"):
-        A.make_denoiser(model, conditioning(), 24.0, "graph")
+        A.make_denoiser(transformer, conditioning(), 24.0, "graph")
 
 
-def test_eager_denoiser_equals_transformer_denoise_bit_exactly(model):
+def test_eager_denoiser_equals_transformer_denoise_bit_exactly(transformer):
     """'auto' on the CPU (eager) is `transformer.denoise` itself: the same bits, float32, inference tensors."""
     video, audio = latents()
     cond = conditioning()
-    got = A.make_denoiser(model, cond, 24.0, "auto")(video, audio, 0.725)
-    want = T.denoise(model, video, audio, 0.725, cond, 24.0)
+    got = A.make_denoiser(transformer, cond, 24.0, "auto")(video, audio, 0.725)
+    want = T.denoise(transformer, video, audio, 0.725, cond, 24.0)
     assert all(torch.equal(a, b) for a, b in zip(got, want)), f"max diff {max_diff(got, want)}"
     assert got[0].dtype == torch.float32 and got[0].is_inference()
 
@@ -90,57 +80,57 @@ def recorded(monkeypatch):
     return captures
 
 
-def test_static_buffers_follow_new_latents_sigma_and_conditioning(model, recorded):
+def test_static_buffers_follow_new_latents_sigma_and_conditioning(transformer, recorded):
     """The graph path copies latents, σ AND the text context into its static buffers every call: a new prompt,
     σ or latent on a cached shape gives exactly `transformer.denoise`'s x0, and each shape is captured once.
     Fails if the context is captured once (the graph would keep answering the first prompt)."""
-    A.release(model)
-    denoise_a = A._graph_denoiser(model, conditioning(0), 24.0, A.MODES["cuda_graph"])
-    denoise_b = A._graph_denoiser(model, conditioning(1), 24.0, A.MODES["cuda_graph"])
+    A.release(transformer)
+    denoise_a = A._graph_denoiser(transformer, conditioning(0), 24.0, A.MODES["cuda_graph"])
+    denoise_b = A._graph_denoiser(transformer, conditioning(1), 24.0, A.MODES["cuda_graph"])
     for denoise, cond in ((denoise_a, conditioning(0)), (denoise_b, conditioning(1)), (denoise_a, conditioning(0))):
         for shape, seed, sigma in ((VIDEO, 0, 1.0), (VIDEO, 1, 0.421875), (VIDEO2, 2, 0.725)):
             video, audio = latents(shape, seed)
-            got, want = denoise(video, audio, sigma), T.denoise(model, video, audio, sigma, cond, 24.0)
+            got, want = denoise(video, audio, sigma), T.denoise(transformer, video, audio, sigma, cond, 24.0)
             assert all(torch.equal(a, b) for a, b in zip(got, want)), f"{shape} σ={sigma}: {max_diff(got, want)}"
     assert len(recorded) == 2, f"{len(recorded)} captures for 2 shapes"
 
 
-def test_moved_weights_drop_the_graphs(model, recorded):
+def test_moved_weights_drop_the_graphs(transformer, recorded):
     """A graph replays fixed weight addresses: after model management moves a weight (offload + reload gives new
     storage), the next denoiser captures again instead of replaying freed memory."""
-    A.release(model)
+    A.release(transformer)
     video, audio = latents()
-    A._graph_denoiser(model, conditioning(), 24.0, A.MODES["cuda_graph"])(video, audio, 0.5)
-    A._graph_denoiser(model, conditioning(), 24.0, A.MODES["cuda_graph"])(video, audio, 0.5)
+    A._graph_denoiser(transformer, conditioning(), 24.0, A.MODES["cuda_graph"])(video, audio, 0.5)
+    A._graph_denoiser(transformer, conditioning(), 24.0, A.MODES["cuda_graph"])(video, audio, 0.5)
     assert len(recorded) == 1, "the same weights captured twice"
-    weight = model.dit.transformer_blocks[1].ff.net[2].weight
+    weight = transformer.dit.transformer_blocks[1].ff.net[2].weight
     weight.data = weight.data.clone()
-    A._graph_denoiser(model, conditioning(), 24.0, A.MODES["cuda_graph"])(video, audio, 0.5)
+    A._graph_denoiser(transformer, conditioning(), 24.0, A.MODES["cuda_graph"])(video, audio, 0.5)
     assert len(recorded) == 2, "stale graph kept after a weight moved"
-    A.release(model)
+    A.release(transformer)
 
 
 # ---------------------------------------------------------------------------------------------------- compile
-def test_compile_mode_compiles_once_and_eager_stays_eager(path, monkeypatch):
+def test_compile_mode_compiles_once_and_eager_stays_eager(transformer_path, monkeypatch):
     """'compile' runs `compile_repeated_blocks(fullgraph=False)` once per model and gives eager's x0; a later eager
     denoiser on the same model runs the plain blocks again. Dynamo's `eager` backend stands in for inductor, whose
     cold C++ build takes ~30 s on 2 cores (inductor measured here by hand: max |Δx0| 2.4e-7 in float32)."""
-    model = T.load_transformer(path, torch.float32)
+    transformer = T.load_transformer(transformer_path, torch.float32)
     video, audio = latents()
     cond = conditioning()
-    want = T.denoise(model, video, audio, 0.725, cond, 24.0)
+    want = T.denoise(transformer, video, audio, 0.725, cond, 24.0)
     calls = []
-    original = model.dit.compile_repeated_blocks
-    monkeypatch.setattr(model.dit, "compile_repeated_blocks",
+    original = transformer.dit.compile_repeated_blocks
+    monkeypatch.setattr(transformer.dit, "compile_repeated_blocks",
                         lambda **kw: (calls.append(kw), original(**kw, backend="eager")))
-    blocks = model.dit.transformer_blocks
+    blocks = transformer.dit.transformer_blocks
     try:
-        got = A.make_denoiser(model, cond, 24.0, "compile")(video, audio, 0.725)
-        A.make_denoiser(model, cond, 24.0, "compile")(video, audio, 0.725)
+        got = A.make_denoiser(transformer, cond, 24.0, "compile")(video, audio, 0.725)
+        A.make_denoiser(transformer, cond, 24.0, "compile")(video, audio, 0.725)
         assert calls == [{"fullgraph": False}], f"compiled {len(calls)} times"
         assert all(b._compiled_call_impl is not None for b in blocks), "compile mode ran uncompiled blocks"
         assert max_diff(got, want) < 1e-5, f"max diff {max_diff(got, want)}"
-        again = A.make_denoiser(model, cond, 24.0, "eager")(video, audio, 0.725)
+        again = A.make_denoiser(transformer, cond, 24.0, "eager")(video, audio, 0.725)
         assert all(b._compiled_call_impl is None for b in blocks), "eager mode ran the compiled blocks"
         assert all(torch.equal(a, b) for a, b in zip(again, want)), f"eager after compile: {max_diff(again, want)}"
     finally:
@@ -148,13 +138,13 @@ def test_compile_mode_compiles_once_and_eager_stays_eager(path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------- the node
-def test_sampler_node_takes_acceleration_last_with_auto_default(path):
+def test_sampler_node_takes_acceleration_last_with_auto_default(transformer_path):
     """`acceleration` is the last required input with default 'auto' (older graphs keep working); on the CPU 'auto'
     and 'eager' give the same latents and 'cuda_graph' is refused before any step."""
     required = LTX25DistilledSampler.INPUT_TYPES()["required"]
     assert list(required)[-1] == "acceleration"
     assert required["acceleration"][0] == list(A.ACCELERATIONS) and required["acceleration"][1]["default"] == "auto"
-    handle = Loaded.register(T.load_transformer(path, torch.float32), inspect_asset(path))
+    handle = Loaded.register(T.load_transformer(transformer_path, torch.float32), inspect_asset(transformer_path))
     cond = conditioning()
 
     def run(acceleration):

@@ -15,15 +15,10 @@ from nodes.ltx import tiny_common
 from nodes.ltx.assets import Kind, inspect_asset
 from nodes.ltx.conditioning import TextFeatures
 from nodes.ltx.errors import LTX25Error
-from nodes.ltx.transformer import SHIPPED_CONFIG, load_transformer, tiny_config_block
+from nodes.ltx.transformer import SHIPPED_CONFIG, tiny_config_block
 
 L = 1024
 VIDEO_W, AUDIO_W = tiny_common.TINY_DIMS["video_inner"], tiny_common.TINY_DIMS["audio_inner"]
-
-
-@pytest.fixture(scope="module")
-def model(tiny_file):
-    return load_transformer(tiny_file("transformer"), torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +44,13 @@ def features(source, n: int, side: str = "left", pad_value: float = 0.0, seed: i
 
 
 # ---------------------------------------------------------------------------------------------------- config
-def test_connector_config_keeps_shipped_max_pos_4096(model):
+def test_connector_config_keeps_shipped_max_pos_4096(transformer):
     """The shipped connector_positional_embedding_max_pos [4096] reaches the RoPE (code default is [1])."""
     assert C.ConnectorConfig.from_block("shipped", SHIPPED_CONFIG).max_pos == (4096,)
-    assert model.connectors.config.max_pos == (4096,)
-    assert model.connectors.video.rope.base_seq_len == 4096 and model.connectors.audio.rope.base_seq_len == 4096
-    assert model.connectors.video.rope.theta == 10000.0, "the connector uses its own theta, not the config's"
-    assert model.connectors.video.rope.double_precision is True, "frequencies_precision float64"
+    assert transformer.connectors.config.max_pos == (4096,)
+    assert transformer.connectors.video.rope.base_seq_len == 4096 and transformer.connectors.audio.rope.base_seq_len == 4096
+    assert transformer.connectors.video.rope.theta == 10000.0, "the connector uses its own theta, not the config's"
+    assert transformer.connectors.video.rope.double_precision is True, "frequencies_precision float64"
 
 
 def test_missing_connector_max_pos_is_refused_not_defaulted():
@@ -73,12 +68,12 @@ def test_unsupported_connector_values_are_refused(key, value):
         C.ConnectorConfig.from_block("odd.safetensors", {**tiny_config_block(), key: value})
 
 
-def test_connector_max_pos_changes_the_output(model, te_info):
+def test_connector_max_pos_changes_the_output(transformer, te_info):
     """max_pos [4096] vs [1] with the same weights gives a different context: the value is load-bearing."""
     feats = features(te_info, 40)
-    wrong = C.LTX25Connectors(dataclasses.replace(model.connectors.config, max_pos=(1,)))
-    wrong.load_state_dict(model.connectors.state_dict())
-    right_out = C.run_connectors(model, feats)
+    wrong = C.LTX25Connectors(dataclasses.replace(transformer.connectors.config, max_pos=(1,)))
+    wrong.load_state_dict(transformer.connectors.state_dict())
+    right_out = C.run_connectors(transformer, feats)
     wrong_out = C.run_connectors(type("M", (), {"connectors": wrong})(), feats)
     diff = (right_out.video - wrong_out.video).abs().max().item()
     assert diff > 1e-2, f"max_pos did not change the output (max diff {diff})"
@@ -108,59 +103,59 @@ def test_register_fill_needs_a_multiple_of_128_tokens():
         C.fill_registers(torch.zeros(1, 1000, 8), torch.ones(1, 1000), torch.zeros(128, 8))
 
 
-def test_left_padding_gives_the_same_context_as_right_padding(model, te_info):
+def test_left_padding_gives_the_same_context_as_right_padding(transformer, te_info):
     """The right-pad sort: a left-padded prompt (Gemma's layout) must give what the same tokens give right-padded.
     Without the sort the valid tokens keep their tail positions and the registers land on the head."""
-    left = C.run_connectors(model, features(te_info, 37, "left"))
-    right = C.run_connectors(model, features(te_info, 37, "right"))
+    left = C.run_connectors(transformer, features(te_info, 37, "left"))
+    right = C.run_connectors(transformer, features(te_info, 37, "right"))
     for name in ("video", "audio"):
         diff = (getattr(left, name) - getattr(right, name)).abs().max().item()
         assert diff < 1e-5, f"{name}: left vs right padding differ by {diff}"
 
 
-def test_padded_rows_are_replaced_whatever_they_hold(model, te_info):
+def test_padded_rows_are_replaced_whatever_they_hold(transformer, te_info):
     """Registers replace every padded row, so garbage there changes nothing."""
-    clean = C.run_connectors(model, features(te_info, 50, pad_value=0.0))
-    dirty = C.run_connectors(model, features(te_info, 50, pad_value=7.0))
+    clean = C.run_connectors(transformer, features(te_info, 50, pad_value=0.0))
+    dirty = C.run_connectors(transformer, features(te_info, 50, pad_value=7.0))
     diff = (clean.video - dirty.video).abs().max().item()
     assert diff < 1e-5, f"padded-row content leaked into the context (max diff {diff})"
 
 
-def test_binary_mask_quirk_keeps_register_rows_in_both_streams(model, te_info):
+def test_binary_mask_quirk_keeps_register_rows_in_both_streams(transformer, te_info):
     """The reference's `mask < 1e-6` test is always true: video is multiplied by ones, audio not at all. Masking
     the register rows (a tempting 'fix') would zero what the DiT was trained to attend to."""
     n = 20
     feats = features(te_info, n)
-    out = C.run_connectors(model, feats)
+    out = C.run_connectors(transformer, feats)
     order, mask = C.right_pad_order(feats.mask)
     with torch.inference_mode():
-        raw_video, _ = C._connect(model.connectors.video, C.apply_order(feats.video, order), mask)
-        raw_audio, _ = C._connect(model.connectors.audio, C.apply_order(feats.audio, order), mask)
+        raw_video, _ = C._connect(transformer.connectors.video, C.apply_order(feats.video, order), mask)
+        raw_audio, _ = C._connect(transformer.connectors.audio, C.apply_order(feats.audio, order), mask)
     assert torch.equal(out.video, raw_video), "video context was masked"
     assert torch.equal(out.audio, raw_audio), "audio context was masked"
     tail_v, tail_a = out.video[0, n:].abs().amax(-1), out.audio[0, n:].abs().amax(-1)
     assert tail_v.min() > 1e-3 and tail_a.min() > 1e-3, f"register rows zeroed ({tail_v.min()}, {tail_a.min()})"
 
 
-def test_run_connectors_shapes_mode_and_device(model, te_info):
+def test_run_connectors_shapes_mode_and_device(transformer, te_info):
     """[B,1024,Dv]/[B,1024,Da] on the features' device, produced under inference mode (no autograd graph)."""
-    out = C.run_connectors(model, features(te_info, 10))
+    out = C.run_connectors(transformer, features(te_info, 10))
     assert out.video.shape == (1, L, VIDEO_W) and out.audio.shape == (1, L, AUDIO_W)
     assert out.video.is_inference() and out.video.device == torch.device("cpu")
 
 
-def test_feature_width_mismatch_is_refused(model, te_info):
+def test_feature_width_mismatch_is_refused(transformer, te_info):
     """Features from another projection width name the mismatch."""
     feats = features(te_info, 10)
     bad = TextFeatures(torch.zeros(1, L, VIDEO_W * 2), feats.audio, feats.mask, feats.source)
     with pytest.raises(LTX25Error, match="video feature shape"):
-        C.run_connectors(model, bad)
+        C.run_connectors(transformer, bad)
 
 
 # ---------------------------------------------------------------------------------------------------- node
-def test_connector_node_runs_and_checks_the_gemma_pairing(model, te_info, tiny_file):
+def test_connector_node_runs_and_checks_the_gemma_pairing(transformer, te_info, tiny_file):
     """The node returns LTX25_CONDITIONING, and refuses features from an encoder with another Gemma tag."""
-    loaded = Loaded.register(model, inspect_asset(tiny_file("transformer")))
+    loaded = Loaded.register(transformer, inspect_asset(tiny_file("transformer")))
     try:
         (cond,) = LTX25Connector().connect(loaded, features(te_info, 12))
         assert cond.video.shape == (1, L, VIDEO_W)
