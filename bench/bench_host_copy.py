@@ -37,28 +37,29 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def staged_copy(src: torch.Tensor, dst: torch.Tensor, stages: list[torch.Tensor], streams) -> None:
+def staged_copy(src: torch.Tensor, dst: torch.Tensor, stages: list[torch.Tensor]) -> None:
     """src (device, contiguous) → dst (host) through alternating pinned buffers; the host memcpy of one chunk
     overlaps the device→host copy of the next."""
     flat_src, flat_dst = src.view(-1), dst.view(-1)
     chunk = stages[0].numel()
-    events = [None, None]
+    pending: list = [None, None]  # per buffer: (event, start, count) of the chunk it holds
+
+    def drain(slot: int) -> None:
+        if pending[slot] is not None:
+            event, start, n = pending[slot]
+            event.synchronize()
+            flat_dst[start:start + n].copy_(stages[slot][:n])
+            pending[slot] = None
+
     for i, start in enumerate(range(0, flat_src.numel(), chunk)):
-        n = min(chunk, flat_src.numel() - start)
-        slot = i % 2
-        if events[slot] is not None:  # that buffer's previous chunk must be drained first
-            events[slot].synchronize()
-            flat_dst[prev[slot][0]:prev[slot][0] + prev[slot][1]].copy_(stages[slot][:prev[slot][1]])
+        slot, n = i % 2, min(chunk, flat_src.numel() - start)
+        drain(slot)  # that buffer's previous chunk must be out first
         stages[slot][:n].copy_(flat_src[start:start + n], non_blocking=True)
-        events[slot] = torch.cuda.Event()
-        events[slot].record()
-        if i < 2:
-            prev = locals().get("prev") or [None, None]
-        prev[slot] = (start, n)
-    for slot in (0, 1):
-        if events[slot] is not None and prev[slot] is not None:
-            events[slot].synchronize()
-            flat_dst[prev[slot][0]:prev[slot][0] + prev[slot][1]].copy_(stages[slot][:prev[slot][1]])
+        event = torch.cuda.Event()
+        event.record()
+        pending[slot] = (event, start, n)
+    drain(0)
+    drain(1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             row["pinned_preallocated_copy"] = timed(lambda: pinned.copy_(frames, non_blocking=True), args.repeats)
             del pinned
             stages = [torch.empty(2**24, pin_memory=True) for _ in range(2)]  # 2 × 64 MB
-            row["staged"] = timed(lambda: staged_copy(frames, host, stages, None), args.repeats)
+            row["staged"] = timed(lambda: staged_copy(frames, host, stages), args.repeats)
             if not torch.equal(host, frames.cpu()):
                 row["staged_error"] = "staged copy differs"
         half_host = torch.empty(shape, dtype=torch.float16).zero_()
