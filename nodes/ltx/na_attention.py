@@ -148,11 +148,12 @@ def na3d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: tu
     slab = region_h * region_w                                                  # key rows per block and frame
     lead = kt // 2                                                              # frames [lead, last] are centered
     last_interior = t - kt + lead
+    tail = t - 1 - last_interior
     out = torch.empty(b * t * h * w, heads * dim, dtype=v.dtype, device=v.device)
     row = heads * dim
     for (qh, qw), (runs_h, runs_w), visible in groups:
         n_q = qh * qw
-        bias_inner = _bias(visible, kt, 1, q.dtype)
+        bias_inner, bias_lead, bias_tail = (_bias(visible, kt, repeats, q.dtype) for repeats in (1, lead, tail))
         per_block = b * t * slab * row + (0 if q.is_cuda else b * t * n_q * kt * slab * heads)
         for rh, rw in itertools.product(runs_h, runs_w):
             step_w = max(1, min(rw.count, chunk_elements // per_block))
@@ -184,10 +185,9 @@ def na3d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: tu
                 count = g * t - (kt - 1)
                 attend(lead, 1, count, 0, 1, 1, bias_inner)
                 if lead:             # frames [0, kt//2) all attend to slabs [0, kt)
-                    attend(0, t, g, 0, t, lead, _bias(visible, kt, lead, q.dtype))
-                tail = t - 1 - last_interior
+                    attend(0, t, g, 0, t, lead, bias_lead)
                 if tail:             # frames (last_interior, T) all attend to slabs [T − kt, T)
-                    attend(last_interior + 1, t, g, t - kt, t, tail, _bias(visible, kt, tail, q.dtype))
+                    attend(last_interior + 1, t, g, t - kt, t, tail, bias_tail)
                 out.index_copy_(0, q_index, o)
     return out.view(b, t, h, w, heads, dim)
 
