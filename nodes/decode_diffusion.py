@@ -4,13 +4,15 @@ from __future__ import annotations
 from . import comfy_bridge as bridge
 from .ltx.diffusion_vae import TILING_MODES
 from .ltx.errors import LTX25Error
+from .ltx.na_attention import PROCESSORS
 
 CATEGORY = "LTX-2.5/decode"
 NODE = "LTX25DiffusionVAEDecode"
-PROCESSOR_INPUT = (["auto", "sdpa", "natten", "comfy_kitchen"], {"default": "auto", "tooltip": (
-    "Neighborhood-attention backend. auto: the fastest measured per window size (on CUDA with comfy-kitchen: "
-    "comfy_kitchen for the small windows, sdpa for the 11x11x11 pixel stage; sdpa otherwise; docs/PERFORMANCE.md). "
-    "sdpa: exact blocked PyTorch attention, runs anywhere. All give the same video within float tolerance.")})
+PROCESSOR_INPUT = (list(PROCESSORS), {"default": "auto", "tooltip": (
+    "Neighborhood-attention backend. auto: the fastest measured (CUDA: the pack's triton kernel; without Triton "
+    "comfy_kitchen for the small windows and sdpa for the 11x11x11 pixel stage; sdpa otherwise; docs/PERFORMANCE.md). "
+    "sdpa: exact blocked PyTorch attention, runs anywhere. triton: the pack's fused kernel (CUDA). "
+    "All give the same video within float tolerance.")})
 TILING_INPUTS = {
     "tiling": (list(TILING_MODES), {"default": "auto", "tooltip": (
         "auto: tile only when the decode would not fit the memory budget. off: one tile. manual: the sizes below. "

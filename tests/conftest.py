@@ -11,6 +11,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 os.environ.setdefault("LTX25_QUIET", "1")
+if not torch.cuda.is_available():
+    # Triton reads this when it is imported (comfy_kitchen imports it): without a GPU its interpreter runs our kernel
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 from nodes.ltx import tiny  # noqa: E402

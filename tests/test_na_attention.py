@@ -93,20 +93,22 @@ def test_grid_smaller_than_the_kernel_is_refused():
         na.na3d_sdpa(q, k, v, (3, 3, 3))
 
 
-@pytest.mark.parametrize("device,ck,natten,want", [
-    ("cpu", ("eager",), (True, False), "sdpa"),
-    ("cpu", ("cuda", "triton", "eager"), (True, True), "sdpa"),
-    ("cuda", ("cuda", "triton", "eager"), (False, False), "comfy_kitchen+sdpa"),
-    ("cuda", ("triton", "eager"), (True, False), "comfy_kitchen+sdpa"),
-    ("cuda", ("eager",), (True, True), "sdpa"),
-    ("cuda", (), (False, False), "sdpa"),
+@pytest.mark.parametrize("device,ck,natten,triton,want", [
+    ("cpu", ("eager",), (True, False), False, "sdpa"),
+    ("cpu", ("cuda", "triton", "eager"), (True, True), True, "sdpa"),
+    ("cuda", ("cuda", "triton", "eager"), (False, False), True, "triton"),
+    ("cuda", ("cuda", "triton", "eager"), (False, False), False, "comfy_kitchen+sdpa"),
+    ("cuda", ("triton", "eager"), (True, False), False, "comfy_kitchen+sdpa"),
+    ("cuda", ("eager",), (True, True), False, "sdpa"),
+    ("cuda", (), (False, False), True, "triton"),
+    ("cuda", (), (False, False), False, "sdpa"),
 ])
-def test_auto_picks_the_fastest_measured(device, ck, natten, want):
-    """The auto gate itself: on CUDA with a fused comfy_kitchen backend, comfy_kitchen for small windows and blocked
-    SDPA for 11³ (each measured the faster there on an H200, docs/PERFORMANCE.md); blocked SDPA otherwise (comfy_kitchen's
-    eager CPU path is slower); an explicit choice is always kept."""
-    assert na.choose_processor("auto", device, ck, natten) == want
-    assert na.choose_processor("natten", device, ck, natten) == "natten"  # an explicit choice is kept
+def test_auto_picks_the_fastest_measured(device, ck, natten, triton, want):
+    """The auto gate itself, from the H200 measurements in docs/PERFORMANCE.md: on CUDA our Triton kernel when Triton
+    is there (the fastest at every stage's window); else comfy_kitchen for small windows and blocked SDPA for 11³;
+    blocked SDPA otherwise (comfy_kitchen's eager CPU path is slower); an explicit choice is always kept."""
+    assert na.choose_processor("auto", device, ck, natten, triton) == want
+    assert na.choose_processor("natten", device, ck, natten, triton) == "natten"  # an explicit choice is kept
 
 
 def test_unavailable_backends_are_errors_not_fallbacks(monkeypatch):
@@ -127,8 +129,10 @@ def test_unavailable_backends_are_errors_not_fallbacks(monkeypatch):
 def test_processors_on_cpu_resolve_to_the_installed_libraries():
     """Here (CPU, natten without libnatten, comfy_kitchen eager) every choice runs and auto is sdpa."""
     cpu = torch.device("cpu")
-    names = {p: na.make_processor(p, cpu).name for p in na.PROCESSORS}
+    names = {p: na.make_processor(p, cpu).name for p in na.PROCESSORS if p != "triton"}
     assert names == {"auto": "sdpa", "sdpa": "sdpa", "natten": "natten", "comfy_kitchen": "comfy_kitchen"}
+    with pytest.raises(LTX25Error, match="triton.*CUDA"):  # its CPU path is Triton's interpreter, for tests only
+        na.make_processor("triton", cpu)
     assert "eager" in na.comfy_kitchen_backends()
 
 

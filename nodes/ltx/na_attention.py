@@ -11,6 +11,7 @@ ltx25.md §10.2).
   memory bounded by the gather chunk.
 - `natten`: a local `natten.na3d` (never fetched from the Hub).
 - `comfy_kitchen`: `comfy_kitchen.na3d` (fused CUDA/Triton kernels on the GPU, its eager path on the CPU).
+- `triton`: our fused kernel (`na_triton`), keys read in place, one window-masked flash pass; CUDA only.
 - `auto`: the fastest available on the device, per window size (`ByWindowProcessor`).
 An unavailable backend is an `LTX25Error`, never a silent fallback.
 """
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 
 from .errors import LTX25Error
 
-PROCESSORS = ("auto", "sdpa", "natten", "comfy_kitchen")
+PROCESSORS = ("auto", "sdpa", "natten", "comfy_kitchen", "triton")
 WHERE = "processor"
 CUDA_CHUNK, CPU_CHUNK = 2**27, 2**23  # sdpa: gathered key elements per batched call (CPU: also the scores)
 SMALL_WINDOW = 3 * 7 * 7  # the deterministic stages' largest window; stage 5's is 11³
@@ -287,6 +288,17 @@ class ComfyKitchenNAProcessor(NeighborhoodAttnProcessor):
         return self._ck.na3d(q, k, v, list(kernel), scale=1.0)
 
 
+class TritonNAProcessor(NeighborhoodAttnProcessor):
+    name = "triton"
+
+    def __init__(self, config=None) -> None:
+        from . import na_triton
+        self._na_triton, self.config = na_triton, config or na_triton.DEFAULT_CONFIG
+
+    def na3d(self, q, k, v, kernel):
+        return self._na_triton.na3d_triton(q, k, v, kernel, self.config)
+
+
 class ByWindowProcessor(NeighborhoodAttnProcessor):
     """Routes each call by window volume: windows of at most `max_small` keys to `small`, larger ones to `large`.
     On an H200 comfy_kitchen's fused kernel is 4-9× faster than blocked SDPA on the deterministic stages' 3×7×7 and
@@ -326,14 +338,17 @@ def natten_status() -> tuple[bool, bool]:
 
 
 def choose_processor(requested: str, device_type: str, ck_backends: tuple[str, ...],
-                     natten: tuple[bool, bool]) -> str:
-    """`auto` → the fastest measured per window size. On CUDA with comfy_kitchen's fused kernels (its `cuda` or
-    `triton` backend): comfy_kitchen for the small windows of stages 1-4 and blocked SDPA for stage 5
-    (`comfy_kitchen+sdpa`, see `ByWindowProcessor`); otherwise blocked SDPA (on the CPU comfy_kitchen runs its eager
-    path, slower than SDPA). NATTEN's CUDA library was not measured, so auto never picks it; it stays selectable by
-    name."""
+                     natten: tuple[bool, bool], triton: bool) -> str:
+    """`auto` → the fastest measured (H200, docs/PERFORMANCE.md). On CUDA: our Triton kernel when Triton imports —
+    1.5× blocked SDPA on stage 5's 11³ window and 3-4× comfy_kitchen's fused kernel on the 3×7×7 and 3×5×5 ones;
+    without Triton, comfy_kitchen's `cuda`/`triton` backend for the small windows of stages 1-4 and blocked SDPA for
+    stage 5 (`comfy_kitchen+sdpa`, see `ByWindowProcessor`); otherwise blocked SDPA (on the CPU comfy_kitchen runs
+    its eager path, slower than SDPA). NATTEN's CUDA library was not measured, so auto never picks it; it stays
+    selectable by name."""
     if requested != "auto":
         return requested
+    if device_type == "cuda" and triton:
+        return "triton"
     if device_type == "cuda" and {"cuda", "triton"} & set(ck_backends):
         return "comfy_kitchen+sdpa"
     return "sdpa"
@@ -343,12 +358,18 @@ def make_processor(requested: str, device: torch.device) -> NeighborhoodAttnProc
     """The processor `requested` resolves to on `device`, or an `LTX25Error` saying why it cannot run."""
     if requested not in PROCESSORS:
         raise LTX25Error(WHERE, "the attention processor", repr(requested), " / ".join(PROCESSORS))
+    from . import na_triton
     ck, nat = comfy_kitchen_backends(), natten_status()
-    name = choose_processor(requested, device.type, ck, nat)
+    triton_ok, triton_why = na_triton.available(device)
+    name = choose_processor(requested, device.type, ck, nat, triton_ok)
     if name == "sdpa":
         return SdpaNAProcessor()
     if name == "comfy_kitchen+sdpa":
         return ByWindowProcessor(ComfyKitchenNAProcessor(), SdpaNAProcessor())
+    if name == "triton":
+        if not triton_ok:
+            raise LTX25Error(WHERE, "triton", triton_why, "Triton and a CUDA device", "Pick sdpa (any device).")
+        return TritonNAProcessor()
     if name == "natten":
         if not nat[0]:
             raise LTX25Error(WHERE, "natten", "not installed", "an importable natten package",

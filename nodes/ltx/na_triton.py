@@ -1,0 +1,162 @@
+"""Fused 3-D neighborhood attention in Triton: the `triton` processor's kernel.
+
+Why our own kernel: stage 5's 11×11×11 window is where the diffusion decoder spends its time, and no kernel we can
+ship runs it well — comfy-kitchen's fused `na3d` takes 3× longer than blocked SDPA there, and NATTEN's CUDA library
+must be built on the user's machine. Blocked SDPA (`na3d_sdpa`) first copies each query block's key region (3.7×
+the keys) and then scores a 3.9× superset of every window.
+
+This kernel reads keys straight from the `[B, T, H, W, heads, D]` tensors. One program takes a 3-D query tile
+(`tile` = (t, h, w) queries) of one (batch, head); the union of its queries' windows is a box of at most
+`(t + k_t − 1) × (h + k_h − 1) × (w + k_w − 1)` keys, enumerated in blocks of `block_n` tokens loaded by address
+(each token's head slice is one contiguous row), scored with `tl.dot`, and masked per query to its own window with
+an online softmax (flash attention). Windows follow `window_start`: exactly `k` keys from `clamp(i − k//2, 0, L − k)`
+per axis, shifted inward at the borders, never truncated. At 4×4×8 query tiles and k = 11 each query scores
+14·14·18 = 3528 keys for its 1331 (2.65×), with nothing gathered.
+
+Exactness is tested against the dense window-masked reference with Triton's interpreter on the CPU
+(`TRITON_INTERPRET=1`, tests/test_na_triton.py); on the GPU the compiled kernel runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import LTX25Error
+
+try:  # optional: the kernel needs Triton (shipped with CUDA builds of torch); importing this module does not
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = tl = None
+
+WHERE = "processor"
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Launch shape: query tile (t, h, w) — its product is the queries per program — key block, warps, stages.
+    The default was the fastest of 12 shapes on stage 5 and within 15 % of the best on stages 1-4 (H200,
+    bench/bench_na_kernel.py, docs/PERFORMANCE.md)."""
+    tile: tuple[int, int, int] = (4, 4, 8)
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+DEFAULT_CONFIG = KernelConfig()
+
+
+def available(device: torch.device) -> tuple[bool, str]:
+    """(usable, why not): needs Triton and a CUDA device (on the CPU only Triton's interpreter runs it, for tests)."""
+    if triton is None:
+        return False, "Triton is not installed"
+    if device.type != "cuda":
+        return False, f"the device is {device.type}, the kernel needs CUDA"
+    return True, ""
+
+
+def _define_kernel():
+    """The kernel, defined only where Triton imports. (Module level, not a closure: Triton's interpreter patches
+    `tl` in the kernel's globals.)"""
+    @triton.jit
+    def na3d_fwd(q_ptr, k_ptr, v_ptr, o_ptr,
+                 T, H, W, heads,
+                 s_b, s_t, s_h, s_w, s_head,
+                 o_b, o_t, o_h, o_w, o_head,
+                 KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+                 QT: tl.constexpr, QH: tl.constexpr, QW: tl.constexpr,
+                 D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+        BLOCK_M: tl.constexpr = QT * QH * QW
+        tile = tl.program_id(0)
+        b = tl.program_id(1) // heads
+        head = tl.program_id(1) % heads
+        tiles_w = (W + QW - 1) // QW
+        tiles_h = (H + QH - 1) // QH
+        t0 = (tile // (tiles_w * tiles_h)) * QT
+        h0 = ((tile // tiles_w) % tiles_h) * QH
+        w0 = (tile % tiles_w) * QW
+
+        m = tl.arange(0, BLOCK_M)
+        qt = t0 + m // (QH * QW)
+        qh = h0 + (m // QW) % QH
+        qw = w0 + m % QW
+        q_valid = (qt < T) & (qh < H) & (qw < W)
+        # rows past the grid's edge take the last row's window, so no row is empty (no 0/0) — they are not stored
+        qt = tl.minimum(qt, T - 1)
+        qh = tl.minimum(qh, H - 1)
+        qw = tl.minimum(qw, W - 1)
+        start_t = tl.minimum(tl.maximum(qt - KT // 2, 0), T - KT)
+        start_h = tl.minimum(tl.maximum(qh - KH // 2, 0), H - KH)
+        start_w = tl.minimum(tl.maximum(qw - KW // 2, 0), W - KW)
+        # the key box: window starts are monotonic in the query, so the first and last query bound it
+        box_t = tl.minimum(tl.maximum(t0 - KT // 2, 0), T - KT)
+        box_h = tl.minimum(tl.maximum(h0 - KH // 2, 0), H - KH)
+        box_w = tl.minimum(tl.maximum(w0 - KW // 2, 0), W - KW)
+        len_t = tl.minimum(tl.maximum(tl.minimum(t0 + QT, T) - 1 - KT // 2, 0), T - KT) + KT - box_t
+        len_h = tl.minimum(tl.maximum(tl.minimum(h0 + QH, H) - 1 - KH // 2, 0), H - KH) + KH - box_h
+        len_w = tl.minimum(tl.maximum(tl.minimum(w0 + QW, W) - 1 - KW // 2, 0), W - KW) + KW - box_w
+        keys = len_t * len_h * len_w
+
+        d = tl.arange(0, D_PAD)
+        d_valid = d < D
+        base = b.to(tl.int64) * s_b + head * s_head
+        q_rows = base + qt.to(tl.int64) * s_t + qh * s_h + qw * s_w
+        q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=d_valid[None, :], other=0.0)
+
+        LOG2E: tl.constexpr = 1.4426950408889634
+        # a finite start: a key block may hold none of a row's window keys, and −inf − (−inf) would be NaN
+        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+        for first in range(0, keys, BLOCK_N):
+            n = first + tl.arange(0, BLOCK_N)
+            k_valid = n < keys
+            kt = box_t + n // (len_h * len_w)
+            kh = box_h + (n // len_w) % len_h
+            kw = box_w + n % len_w
+            k_rows = base + kt.to(tl.int64) * s_t + kh * s_h + kw * s_w
+            k_mask = k_valid[:, None] & d_valid[None, :]
+            k = tl.load(k_ptr + k_rows[:, None] + d[None, :], mask=k_mask, other=0.0)
+            v = tl.load(v_ptr + k_rows[:, None] + d[None, :], mask=k_mask, other=0.0)
+            scores = tl.dot(q, tl.trans(k)) * LOG2E
+            inside = ((kt[None, :] - start_t[:, None]).to(tl.uint32) < KT) \
+                & ((kh[None, :] - start_h[:, None]).to(tl.uint32) < KH) \
+                & ((kw[None, :] - start_w[:, None]).to(tl.uint32) < KW) & k_valid[None, :]
+            scores = tl.where(inside, scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, 1))
+            p = tl.exp2(scores - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        o_rows = b.to(tl.int64) * o_b + head * o_head + qt.to(tl.int64) * o_t + qh * o_h + qw * o_w
+        tl.store(o_ptr + o_rows[:, None] + d[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=q_valid[:, None] & d_valid[None, :])
+
+    return na3d_fwd
+
+
+_kernel = _define_kernel() if triton is not None else None
+
+
+def na3d_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: tuple[int, int, int],
+                config: KernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
+    """Exact 3-D neighborhood attention with `scale=1.0` (q pre-scaled). `q, k, v`: `[B, T, H, W, heads, D]`,
+    each with its last axis contiguous and k, v strided alike (diffusers' projections are). Returns a contiguous
+    tensor of q's shape and v's dtype."""
+    b, t, h, w, heads, dim = q.shape
+    if any(kk > n for kk, n in zip(kernel_size, (t, h, w))):
+        raise LTX25Error(WHERE, "the attention grid (T, H, W)", (t, h, w), f"at least the kernel {tuple(kernel_size)}")
+    if not (q.stride() == k.stride() == v.stride() and q.stride(-1) == 1):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty(q.shape, dtype=v.dtype, device=q.device)
+    qt, qh, qw = config.tile
+    grid = (-(-t // qt) * -(-h // qh) * -(-w // qw), b * heads)
+    if _kernel is None:
+        raise LTX25Error(WHERE, "triton", "not installed", "Triton (it comes with CUDA builds of torch)")
+    _kernel[grid](q, k, v, out, t, h, w, heads, *q.stride()[:5], *out.stride()[:5],
+                    *kernel_size, qt, qh, qw, dim, max(16, 1 << (dim - 1).bit_length()), config.block_n,
+                    num_warps=config.num_warps, num_stages=config.num_stages)
+    return out

@@ -1,0 +1,64 @@
+"""The fused Triton neighborhood-attention kernel (`na_triton`), run by Triton's interpreter on the CPU (conftest sets
+TRITON_INTERPRET without a GPU): exact against the dense window-masked reference on borders, kernel = axis, tiles that
+do not divide the grid, batch and heads, strided inputs, key blocks holding none of a row's window, and bf16."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nodes.ltx import na_triton
+from test_na_attention import _dense_reference, _qkv
+
+SMALL = na_triton.KernelConfig(tile=(1, 4, 4), block_n=16)  # many key blocks per tile, some empty for a row
+CASES = [  # (q shape [B, T, H, W, heads, D], kernel, launch)
+    ((1, 6, 8, 8, 2, 16), (3, 5, 5), SMALL),
+    ((2, 7, 9, 11, 3, 8), (3, 3, 5), na_triton.DEFAULT_CONFIG),  # batch and heads; D below 16 is padded
+    ((1, 7, 7, 9, 1, 16), (7, 7, 7), na_triton.DEFAULT_CONFIG),  # kernel = axis (T, H); the production tile
+    ((1, 14, 6, 5, 2, 8), (5, 3, 3), na_triton.DEFAULT_CONFIG),  # interior frames and both border runs
+    ((1, 5, 13, 6, 2, 24), (5, 7, 3), SMALL),                  # tiles that do not divide the axes; D = 24
+]
+
+
+@pytest.mark.parametrize("shape,kernel,config", CASES)
+def test_triton_kernel_equals_dense_window_attention(shape, kernel, config):
+    q, k, v = _qkv(shape)
+    got = na_triton.na3d_triton(q, k, v, kernel, config)
+    want = _dense_reference(q.double(), k.double(), v.double(), kernel).float()
+    assert torch.allclose(got, want, atol=1e-5), f"max diff {(got - want).abs().max():.3e}"
+
+
+def test_triton_kernel_reads_strided_inputs_and_half_precision():
+    """Q/K/V as views of one fused projection (shared strides, not contiguous), and in half precision: fp16 here
+    (Triton's interpreter mishandles bf16 stores; bf16 is checked on the GPU against `sdpa` by
+    bench/bench_diffusion_vae.py)."""
+    shape, kernel = (1, 6, 8, 8, 2, 16), (3, 5, 5)
+    fused = torch.randn(*shape[:4], 3, shape[4], shape[5], generator=torch.Generator().manual_seed(1))
+    q, k, v = fused.unbind(4)
+    assert not q.is_contiguous() and q.stride() == k.stride()
+    want = _dense_reference(q.double(), k.double(), v.double(), kernel)
+    got = na_triton.na3d_triton(q, k, v, kernel, SMALL)
+    assert torch.allclose(got.double(), want, atol=1e-5), f"strided: max diff {(got - want).abs().max():.3e}"
+    low = na_triton.na3d_triton(q.half(), k.half(), v.half(), kernel, SMALL)
+    assert low.dtype == torch.float16
+    assert torch.allclose(low.double(), want, atol=1e-2), f"fp16: max diff {(low - want).abs().max():.3e}"
+
+
+def test_unavailable_without_cuda():
+    usable, why = na_triton.available(torch.device("cpu"))
+    assert not usable and "CUDA" in why
+
+
+def test_triton_processor_inside_the_tiny_decoder(tiny_file):
+    """Through diffusers' attention modules (project_qkv's strides, RoPE, pre-scaled q, to_out): the tiny decoder's
+    stages 1-3, which run every deterministic-stage attention module, agree with the `sdpa` processor."""
+    from nodes.ltx import diffusion_vae as dv
+    from nodes.ltx import na_attention as na
+
+    vae = dv.load_diffusion_vae(tiny_file("diffusion_vae"), torch.float32)
+    latent = torch.randn(1, 128, 3, 3, 3, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        na.install_processor(vae.model, na.SdpaNAProcessor())
+        ref = dv.stages_1_to_3(vae.model.decoder, latent)
+        na.install_processor(vae.model, na.TritonNAProcessor())
+        got = dv.stages_1_to_3(vae.model.decoder, latent)
+    assert torch.allclose(got, ref, atol=1e-4), f"max diff {(got - ref).abs().max():.3e}"
