@@ -62,3 +62,20 @@ def test_triton_processor_inside_the_tiny_decoder(tiny_file):
         na.install_processor(vae.model, na.TritonNAProcessor())
         got = dv.stages_1_to_3(vae.model.decoder, latent)
     assert torch.allclose(got, ref, atol=1e-4), f"max diff {(got - ref).abs().max():.3e}"
+
+
+@pytest.mark.parametrize("dim,head_dim,scale", [(256, 64, 0.125), (64, 16, 1.0), (96, 48, 0.5)])
+def test_norm_rope_kernel_matches_the_module(dim, head_dim, scale):
+    """The fused RMS norm + 3-D RoPE (+ the query's scale) equals diffusers' `norm_q` then its `rope`, times scale:
+    float32 to rounding (the module's own frequencies and pair layout; head_dim 48 pads the pairs to 32 lanes)."""
+    from diffusers.models.autoencoders.ltx2_diffusion_decoder import LTX2VideoVaeNeighborhoodAttention
+    torch.manual_seed(0)
+    attn = LTX2VideoVaeNeighborhoodAttention(dim, (3, 3, 3), head_dim=head_dim)
+    for p in attn.parameters():
+        p.data.normal_(0, 0.3)
+    x = torch.randn(2, 5, 6, 7, attn.heads, head_dim)
+    want = attn.rope(attn.norm_q(x)) * scale
+    got = na_triton.norm_rope(x, attn.norm_q, attn.rope, scale)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    half = na_triton.norm_rope(x.half(), attn.norm_q.half(), attn.rope, scale)
+    torch.testing.assert_close(half.float(), want, rtol=2e-3, atol=2e-3)

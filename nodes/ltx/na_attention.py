@@ -214,15 +214,25 @@ def _rotate(x: torch.Tensor, rope, scale: float) -> torch.Tensor:
 
 def project_qkv(attn, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`attn.project_qkv` (diffusers' `LTX2VideoVaeNeighborhoodAttention`): Q/K/V `[B, T, H, W, heads, D]`,
-    RMS-normed, query × 1/√D, 3-D RoPE — with the rotation of `_rotate`. Falls back to the module's own method
-    when its scale is not a power of two (folding it would round differently)."""
+    RMS-normed, query × 1/√D, 3-D RoPE — with the rotation of `_rotate`, or on CUDA with Triton the fused
+    `na_triton.norm_rope` (norm and rotation in one float32 pass). Falls back to the module's own method when its
+    scale is not a power of two (folding it would round differently)."""
     if not math.log2(attn.scale).is_integer():
         return attn.project_qkv(hidden_states)
     shape = (*hidden_states.shape[:4], attn.heads, attn.head_dim)
-    query = attn.norm_q(attn.to_q(hidden_states).view(shape))
-    key = attn.norm_k(attn.to_k(hidden_states).view(shape))
+    query, key = attn.to_q(hidden_states).view(shape), attn.to_k(hidden_states).view(shape)
     value = attn.to_v(hidden_states).view(shape)
-    return _rotate(query, attn.rope, attn.scale), _rotate(key, attn.rope, 1.0), value
+    if _fused_norm_rope(hidden_states.device):
+        from . import na_triton
+        return (na_triton.norm_rope(query, attn.norm_q, attn.rope, attn.scale),
+                na_triton.norm_rope(key, attn.norm_k, attn.rope, 1.0), value)
+    return _rotate(attn.norm_q(query), attn.rope, attn.scale), _rotate(attn.norm_k(key), attn.rope, 1.0), value
+
+
+@functools.lru_cache(maxsize=8)
+def _fused_norm_rope(device: torch.device) -> bool:
+    from . import na_triton
+    return na_triton.available(device)[0]
 
 
 class NeighborhoodAttnProcessor:

@@ -138,7 +138,65 @@ def _define_kernel():
     return na3d_fwd
 
 
+def _define_norm_rope_kernel():
+    @triton.jit
+    def norm_rope(x_ptr, o_ptr, weight_ptr, freq_ptr, axis_ptr, rows, T, H, W, heads, eps, scale,
+                  D: tl.constexpr, HALF_PAD: tl.constexpr, BLOCK_R: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)          # row = token · heads + head
+        token = r // heads
+        pos_w = (token % W).to(tl.float32)
+        pos_h = ((token // W) % H).to(tl.float32)
+        pos_t = ((token // (W * H)) % T).to(tl.float32)
+        p = tl.arange(0, HALF_PAD)                                        # rotation pair: elements 2p, 2p + 1
+        p_valid = p < D // 2
+        mask = (r < rows)[:, None] & p_valid[None, :]
+        even_at = x_ptr + r.to(tl.int64)[:, None] * D + 2 * p[None, :]
+        even = tl.load(even_at, mask=mask, other=0.0).to(tl.float32)
+        odd = tl.load(even_at + 1, mask=mask, other=0.0).to(tl.float32)
+        inv_rms = tl.rsqrt((tl.sum(even * even, 1) + tl.sum(odd * odd, 1)) / D + eps)
+        even = even * inv_rms[:, None] * tl.load(weight_ptr + 2 * p, mask=p_valid, other=0.0).to(tl.float32)[None, :]
+        odd = odd * inv_rms[:, None] * tl.load(weight_ptr + 2 * p + 1, mask=p_valid, other=0.0).to(tl.float32)[None, :]
+        axis = tl.load(axis_ptr + p, mask=p_valid, other=0)[None, :]
+        position = tl.where(axis == 0, pos_t[:, None], tl.where(axis == 1, pos_h[:, None], pos_w[:, None]))
+        angle = position * tl.load(freq_ptr + p, mask=p_valid, other=0.0)[None, :]
+        cos, sin = tl.cos(angle) * scale, tl.sin(angle) * scale
+        out_at = o_ptr + r.to(tl.int64)[:, None] * D + 2 * p[None, :]
+        tl.store(out_at, (even * cos - odd * sin).to(o_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_at + 1, (even * sin + odd * cos).to(o_ptr.dtype.element_ty), mask=mask)
+
+    return norm_rope
+
+
 _kernel = _define_kernel() if triton is not None else None
+_norm_rope_kernel = _define_norm_rope_kernel() if triton is not None else None
+
+
+def _rope_tables(rope, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per rotation pair: its frequency (the module's own `_inv_freqs`) and its axis (0 = T, 1 = H, 2 = W)."""
+    freqs = torch.cat([rope._inv_freqs(dim, device) for dim in rope.rope_dim_split])
+    axes = torch.cat([torch.full((dim // 2,), axis, dtype=torch.int32, device=device)
+                      for axis, dim in enumerate(rope.rope_dim_split)])
+    return freqs.float().contiguous(), axes
+
+
+def norm_rope(x: torch.Tensor, norm: torch.nn.RMSNorm, rope, scale: float, block_rows: int = 64) -> torch.Tensor:
+    """`_rotate(norm(x), rope, scale)` of na_attention in one pass: `x` `[B, T, H, W, heads, D]` (a projection's
+    output) RMS-normed over D with the module's weight and eps, rotated by diffusers' 3-D RoPE at the tensor's own
+    positions, times `scale`; all in float32 with one rounding to x's dtype at the end (the unfused path rounds
+    after the norm too). The unfused path made five full passes over q and k: 0.23 s of a 1.29 s decode."""
+    if _norm_rope_kernel is None:
+        raise LTX25Error(WHERE, "triton", "not installed", "Triton (it comes with CUDA builds of torch)")
+    x = x.contiguous()
+    b, t, h, w, heads, dim = x.shape
+    freqs, axes = _rope_tables(rope, x.device)
+    eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+    weight = norm.weight if norm.weight is not None else torch.ones(dim, device=x.device)
+    out = torch.empty_like(x)
+    rows = x.numel() // dim
+    _norm_rope_kernel[(-(-rows // block_rows),)](x, out, weight, freqs, axes, rows, t, h, w, heads, float(eps),
+                                                 float(scale), dim, max(2, 1 << (dim // 2 - 1).bit_length()),
+                                                 block_rows)
+    return out
 
 
 def na3d_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: tuple[int, int, int],
