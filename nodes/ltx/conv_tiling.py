@@ -198,10 +198,18 @@ def _layout(latent_shape: tuple[int, int, int], temporal: tuple[int, int], spati
     return TilePlan(latent_shape, frames, rows, cols, reason, estimate)
 
 
-def _decoded_voxels(plan: TilePlan) -> int:
-    """Voxels decoded in total (overlaps counted twice): the product of the per-axis sums."""
-    frames = sum(t1 - t0 for t0, t1 in map(temporal_pixels, plan.frames))
-    return frames * sum(b - a for a, b in plan.rows) * sum(b - a for a, b in plan.cols)
+# auto never makes temporal tiles longer than this (latent frames; 121 pixel frames): longer ones save little
+# recompute (overlap / tile) while the full-frame group buffer, fp32 RGB of every frame of the tile, grows with them.
+MAX_AUTO_TEMPORAL_TILE = 16
+
+
+def _steady_work(temporal: tuple[int, int], plan: TilePlan) -> float:
+    """Decoded voxels per output voxel of a layout with the clip taken as endless in time: a temporal tile of t
+    latent frames decodes 8(t−1)+1 frames and advances 8(t−overlap); rows and columns as actually cut."""
+    tile, overlap = temporal
+    frames = pixel_frames(tile) / (TEMPORAL_SCALE * (tile - overlap))
+    rows, cols = (sum(b - a for a, b in cuts) / cuts[-1][1] for cuts in (plan.rows, plan.cols))
+    return frames * rows * cols
 
 
 def plan_tiles(latent_shape: tuple[int, int, int], request: TilingRequest, memory_budget: int | None,
@@ -209,8 +217,11 @@ def plan_tiles(latent_shape: tuple[int, int, int], request: TilingRequest, memor
     """The tiles for a latent of (F', H', W'), a pure function of its inputs.
 
     off: one tile. manual: the requested sizes. auto: one tile when its estimate fits `memory_budget` (None =
-    ample); otherwise the layout with the fewest tiles (then the least decoded overlap) whose largest tile fits,
-    with the requested overlaps and square spatial tiles; the smallest layout when nothing fits.
+    ample); otherwise the tile shape with the least recompute that fits, chosen as if the clip were endless
+    (square spatial tiles, temporal tiles of at most MAX_AUTO_TEMPORAL_TILE latent frames, the requested overlaps),
+    then cut to this clip. The shape — and with the temporal groups streamed to the host, the device peak — is then
+    the same for every clip longer than one tile: ranking by this clip's own tile count gave 241 frames whole-clip
+    temporal tiles and 1.24× the peak of 121 (measured, docs/PERFORMANCE.md). The smallest layout when nothing fits.
     """
     f, h, w = latent_shape
     if request.mode == "off":
@@ -224,19 +235,28 @@ def plan_tiles(latent_shape: tuple[int, int, int], request: TilingRequest, memor
     if memory_budget is None or untiled.estimate_bytes <= memory_budget:
         return untiled
     lowest_spatial = max(MIN_SPATIAL_TILE, spatial_overlap + 1)
-    temporal_sizes = range(f, temporal_overlap, -1) if f > temporal_overlap else (f,)
     spatial_sizes = range(max(h, w), lowest_spatial - 1, -1) if max(h, w) >= lowest_spatial else (max(h, w),)
+    longest = max(MAX_AUTO_TEMPORAL_TILE, temporal_overlap + 1)
     best, smallest = None, None
-    for temporal_tile in temporal_sizes:
-        for spatial_tile in spatial_sizes:
-            plan = _layout(latent_shape, (temporal_tile, temporal_overlap), (spatial_tile, spatial_overlap),
-                           "auto: the largest tiles that fit the free memory", cost)
-            if smallest is None or plan.estimate_bytes < smallest.estimate_bytes:
-                smallest = plan
-            key = (plan.count, _decoded_voxels(plan))
-            if plan.estimate_bytes <= memory_budget and (best is None or key < best[0]):
-                best = (key, plan)
-    if best is not None:
-        return best[1]
-    return TilePlan(smallest.latent_shape, smallest.frames, smallest.rows, smallest.cols,
-                    "auto: the smallest tiles (even these exceed the free memory)", smallest.estimate_bytes)
+    for spatial_tile in spatial_sizes:
+        for temporal_tile in range(longest, temporal_overlap, -1):  # the longest that fits this spatial tile
+            # fit is judged on the full-length tile, so a short clip gets no larger shape than a long one
+            endless = _layout((max(f, temporal_tile), h, w), (temporal_tile, temporal_overlap),
+                              (spatial_tile, spatial_overlap), "", cost)
+            if smallest is None or endless.estimate_bytes < smallest[0]:
+                smallest = (endless.estimate_bytes, (temporal_tile, spatial_tile))
+            if endless.estimate_bytes <= memory_budget:
+                key = _steady_work((temporal_tile, temporal_overlap), endless)
+                if best is None or key < best[0]:
+                    best = (key, (temporal_tile, spatial_tile))
+                break
+    reason = "auto: the largest tiles that fit the free memory"
+    if best is None:
+        best, reason = smallest, "auto: the smallest tiles (even these exceed the free memory)"
+    temporal_tile, spatial_tile = best[1]
+    # as few temporal tiles as that shape needs here, each as short as that count allows: never larger than the
+    # shape (so never above a long clip's peak), and a short clip does not decode long overlaps for nothing
+    count = len(axis_tiles(f, temporal_tile, temporal_overlap))
+    temporal_tile = next(t for t in range(temporal_overlap + 1, temporal_tile + 1)
+                         if t >= f or len(axis_tiles(f, t, temporal_overlap)) <= count)
+    return _layout(latent_shape, (temporal_tile, temporal_overlap), (spatial_tile, spatial_overlap), reason, cost)

@@ -78,6 +78,7 @@ def _rgb24(frame: torch.Tensor) -> np.ndarray:
 # noise-like frames (2.1 vs 6.5 s for 121 frames at 768×512, 2 cores) and 1.3× on smooth ones; the crf keeps the
 # quality, the files grow a little.
 X264_PRESET = "veryfast"
+_THREAD_TYPE = "SLICE"  # PyAV's default; bench/bench_save_video.py compares x264's frame threads
 
 
 def write_mp4(path: str, frames: torch.Tensor, fps: float, audio: torch.Tensor | None = None,
@@ -99,8 +100,7 @@ def write_mp4(path: str, frames: torch.Tensor, fps: float, audio: torch.Tensor |
         video = container.add_stream("libx264", rate=rate)
         video.width, video.height, video.pix_fmt = width, height, "yuv420p"
         video.options = {"crf": str(crf), "preset": X264_PRESET}
-        # PyAV asks for slice threads; x264's frame threads keep every core busy (121 frames are plenty of them).
-        video.codec_context.thread_type = "FRAME"
+        video.codec_context.thread_type = _THREAD_TYPE
         sound = None
         if audio is not None:
             if audio.ndim != 2 or audio.shape[0] not in (1, 2):
