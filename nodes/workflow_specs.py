@@ -74,7 +74,8 @@ WORKFLOWS: dict[str, dict[str, Any]] = {
             _save(19, (16, 0), "ltx25_ab_side_by_side", "Save side by side", metadata=(16, 1))],
         "notes": {
             1: "Put the six official LTX-2.5 files in ComfyUI's model folders (README). Pick each file here.",
-            14: "Processor: auto picks the fastest measured neighborhood attention (sdpa); comfy_kitchen and natten are selectable. "
+            14: "Processor: auto picks the fastest measured neighborhood attention (CUDA: the pack's triton kernel; CPU: "
+                "sdpa); sdpa, comfy_kitchen, natten and triton are selectable. "
                 "Tiling auto plans tiles from free memory; set memory_budget_gb to cap it.",
             16: "Both decoders get the SAME stage-2 latent: this node reports PSNR/SSIM between them and each one's "
                 "seconds, peak memory and tiles.",
