@@ -79,3 +79,12 @@ def test_norm_rope_kernel_matches_the_module(dim, head_dim, scale):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     half = na_triton.norm_rope(x.half(), attn.norm_q.half(), attn.rope, scale)
     torch.testing.assert_close(half.float(), want, rtol=2e-3, atol=2e-3)
+
+
+def test_unavailable_before_ampere(monkeypatch):
+    """Triton's bf16 matmul needs compute capability 8.0: an older GPU is refused by name, so auto falls back."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    usable, why = na_triton.available(torch.device("cuda"))
+    assert not usable and "Tesla T4" in why and "8.0" in why

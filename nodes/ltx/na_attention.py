@@ -378,7 +378,8 @@ def make_processor(requested: str, device: torch.device) -> NeighborhoodAttnProc
         return ByWindowProcessor(ComfyKitchenNAProcessor(), SdpaNAProcessor())
     if name == "triton":
         if not triton_ok:
-            raise LTX25Error(WHERE, "triton", triton_why, "Triton and a CUDA device", "Pick sdpa (any device).")
+            raise LTX25Error(WHERE, "triton", triton_why, "Triton and a CUDA GPU (Ampere or newer)",
+                             "Pick sdpa (any device).")
         return TritonNAProcessor()
     if name == "natten":
         if not nat[0]:

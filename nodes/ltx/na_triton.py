@@ -48,11 +48,14 @@ DEFAULT_CONFIG = KernelConfig()
 
 
 def available(device: torch.device) -> tuple[bool, str]:
-    """(usable, why not): needs Triton and a CUDA device (on the CPU only Triton's interpreter runs it, for tests)."""
+    """(usable, why not): needs Triton and a CUDA GPU of compute capability ≥ 8.0 (on the CPU only Triton's
+    interpreter runs it, for tests)."""
     if triton is None:
         return False, "Triton is not installed"
-    if device.type != "cuda":
-        return False, f"the device is {device.type}, the kernel needs CUDA"
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False, f"the device is {device.type} without a usable GPU; the kernel needs CUDA"
+    if torch.cuda.get_device_capability(device) < (8, 0):  # Triton's bf16 tl.dot needs Ampere or newer
+        return False, f"{torch.cuda.get_device_name(device)} is older than Ampere (compute capability 8.0)"
     return True, ""
 
 
