@@ -280,9 +280,9 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
                 group = group * weights_t[ti].to(device).view(1, -1, 1, 1, 1)
             out = host.ready()
             overlap = max(0, min(written, p1) - p0)                                 # frames an earlier group wrote
-            if overlap:
-                out[:, p0:p0 + overlap] += group[:, :overlap].cpu()
-            out[:, p0 + overlap:p1].copy_(group[:, overlap:])
+            if overlap:  # blended on the device: a read-back of these frames into fresh host memory stalled the GPU
+                group[:, :overlap] += out[:, p0:p0 + overlap].to(device)
+            out[:, p0:p1].copy_(group)
             written = max(written, p1)
             del group
     seconds, peak = meter()
