@@ -231,6 +231,7 @@ def project_qkv(attn, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 @functools.lru_cache(maxsize=8)
 def _fused_norm_rope(device: torch.device) -> bool:
+    """Whether `project_qkv` runs the fused Triton pass here (asked once per device, not once per attention call)."""
     from . import na_triton
     return na_triton.available(device)[0]
 
@@ -301,7 +302,7 @@ class ComfyKitchenNAProcessor(NeighborhoodAttnProcessor):
 class TritonNAProcessor(NeighborhoodAttnProcessor):
     name = "triton"
 
-    def __init__(self, config=None) -> None:
+    def __init__(self, config: "na_triton.KernelConfig | None" = None) -> None:  # noqa: F821 - imported lazily
         from . import na_triton
         self._na_triton, self.config = na_triton, config or na_triton.DEFAULT_CONFIG
 
