@@ -35,20 +35,21 @@ def main() -> None:
     contents = {"noise": torch.rand(args.frames, height, width, 3, generator=torch.Generator().manual_seed(0)),
                 "smooth": smooth(args.frames, height, width)}
     rows = []
-    original = video_io.write_mp4.__globals__.get("_THREAD_TYPE")
-    for name, frames in contents.items():
-        for thread_type in ("SLICE", "FRAME"):
-            video_io._THREAD_TYPE = thread_type
-            with tempfile.TemporaryDirectory() as folder:
-                path = os.path.join(folder, "x.mp4")
-                start = time.perf_counter()
-                video_io.write_mp4(path, frames, 24.0)
-                seconds = time.perf_counter() - start
-                rows.append({"content": name, "thread_type": thread_type, "seconds": round(seconds, 3),
-                             "megabytes": round(os.path.getsize(path) / 1e6, 1), "cpus": os.cpu_count()})
-            print(f"[save] {json.dumps(rows[-1])}", flush=True)
-    video_io._THREAD_TYPE = original
-
+    original = video_io._THREAD_TYPE
+    try:
+        for name, frames in contents.items():
+            for thread_type in ("SLICE", "FRAME"):
+                video_io._THREAD_TYPE = thread_type
+                with tempfile.TemporaryDirectory() as folder:
+                    path = os.path.join(folder, "x.mp4")
+                    start = time.perf_counter()
+                    video_io.write_mp4(path, frames, 24.0)
+                    seconds = time.perf_counter() - start
+                    rows.append({"content": name, "thread_type": thread_type, "seconds": round(seconds, 3),
+                                 "megabytes": round(os.path.getsize(path) / 1e6, 1), "cpus": os.cpu_count()})
+                print(f"[save] {json.dumps(rows[-1])}", flush=True)
+    finally:
+        video_io._THREAD_TYPE = original
 
 if __name__ == "__main__":
     main()

@@ -73,7 +73,7 @@ class TimedProcessor(na.NeighborhoodAttnProcessor):
         key = f"{(t, h, w)} heads={attn.heads} k={tuple(attn.kernel_size)}"
         self.shapes[key] = ((b, t, h, w, attn.heads, attn.head_dim), tuple(attn.kernel_size))
         with self.clock.span(f"attn.qkv {key}"):
-            q, k, v = na.project_qkv(attn, hidden_states)
+            q, k, v = na.project_qkv(attn, hidden_states, self.inner.fused_projection)
         with self.clock.span(f"attn.na3d {key}"):
             out = self.inner.na3d(q, k, v, tuple(attn.kernel_size))
         with self.clock.span(f"attn.out {key}"):

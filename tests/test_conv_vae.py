@@ -317,6 +317,18 @@ def test_long_videos_keep_the_peak_of_short_ones_under_auto(budget_gib):
         assert tile == overlap + 1 or len(axis_tiles(latent, tile - 1, overlap)) > len(p.frames), (frames, tile)
 
 
+def test_short_clips_are_planned_on_their_own_length():
+    """A clip shorter than the budget's temporal tile is judged on its own frames: 49 frames at 1920×1088 under
+    16 GiB take one temporal tile and two spatial ones (judged as 121-frame tiles they took 8), and the reason says
+    "exceed" only when even the smallest tiles do."""
+    cost = CostModel(decoder_bytes=216.0)
+    short = plan_tiles((7, 34, 60), TilingRequest("auto"), 16 * 2**30, cost)
+    assert (len(short.frames), short.count) == (1, 2), (short.frames, short.count)
+    for budget in (2**28, 2**29, 2**30):
+        plan = plan_tiles((1, 34, 60), TilingRequest("auto"), budget, cost)
+        assert ("exceed" in plan.reason) == (plan.estimate_bytes > budget), (budget, plan.reason)
+
+
 # ------------------------------------------------------------------------------------------------- node
 def test_diffusion_vae_file_refused_by_the_conv_loader(tmp_path):
     """A file whose metadata says CausalDiffusionVAE is named as a diffusion video VAE, not loaded as conv."""

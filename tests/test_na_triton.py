@@ -48,19 +48,30 @@ def test_unavailable_without_cuda():
     assert not usable and "CUDA" in why
 
 
-def test_triton_processor_inside_the_tiny_decoder(tiny_file):
+def test_triton_processor_inside_the_tiny_decoder(tiny_file, monkeypatch):
     """Through diffusers' attention modules (project_qkv's strides, RoPE, pre-scaled q, to_out): the tiny decoder's
-    stages 1-3, which run every deterministic-stage attention module, agree with the `sdpa` processor."""
+    stages 1-3, which run every deterministic-stage attention module, agree with the `sdpa` processor — with the
+    fused norm + RoPE projection on the triton side only."""
     from nodes.ltx import diffusion_vae as dv
     from nodes.ltx import na_attention as na
 
     vae = dv.load_diffusion_vae(tiny_file("diffusion_vae"), torch.float32)
     latent = torch.randn(1, 128, 3, 3, 3, generator=torch.Generator().manual_seed(0))
+    fused_calls = []
+    real_norm_rope = na_triton.norm_rope
+
+    def spy(*args, **kwargs):
+        fused_calls.append(args[0].shape)
+        return real_norm_rope(*args, **kwargs)
+
+    monkeypatch.setattr(na_triton, "norm_rope", spy)
     with torch.inference_mode():
         na.install_processor(vae.model, na.SdpaNAProcessor())
         ref = dv.stages_1_to_3(vae.model.decoder, latent)
+        assert not fused_calls  # the reference processors keep the unfused projection
         na.install_processor(vae.model, na.TritonNAProcessor())
         got = dv.stages_1_to_3(vae.model.decoder, latent)
+    assert fused_calls  # the triton processor's projection is the fused norm + RoPE pass
     assert torch.allclose(got, ref, atol=1e-4), f"max diff {(got - ref).abs().max():.3e}"
 
 
@@ -88,3 +99,45 @@ def test_unavailable_before_ampere(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
     usable, why = na_triton.available(torch.device("cuda"))
     assert not usable and "Tesla T4" in why and "8.0" in why
+
+
+def test_unusable_when_the_first_launch_fails(monkeypatch):
+    """Triton can import and still fail to build (no C compiler, no ptxas): the first launch is tried once per GPU,
+    and its failure makes the kernel unavailable, so auto falls back instead of crashing."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Failed to find C compiler")
+
+    monkeypatch.setattr(na_triton, "na3d_triton", broken)
+    cpu_randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *shape, device=None, dtype=None: cpu_randn(*shape, dtype=dtype))
+    na_triton._first_launch.cache_clear()
+    try:
+        usable, why = na_triton.available(torch.device("cuda", 0))
+    finally:
+        na_triton._first_launch.cache_clear()
+    assert not usable and "first launch failed" in why and "C compiler" in why
+
+
+@pytest.mark.parametrize("tile,block_n", [((3, 4, 8), 64), ((4, 4, 8), 48), ((1, 2, 4), 64)])
+def test_launch_shapes_must_be_powers_of_two(tile, block_n):
+    with pytest.raises(ValueError, match="power of two"):
+        na_triton.KernelConfig(tile=tile, block_n=block_n)
+
+
+def test_float32_inputs_keep_ieee_matmuls(monkeypatch):
+    """On NVIDIA GPUs Triton's tl.dot defaults to TF32 for float32 (a 10-bit mantissa), which the interpreter does
+    not reproduce; the launch asks for IEEE float32 whenever the inputs are float32."""
+    seen = []
+
+    class Launcher:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.append(args[-1])
+
+    monkeypatch.setattr(na_triton, "_kernel", Launcher())
+    for dtype in (torch.float32, torch.bfloat16):
+        q = torch.zeros(1, 3, 4, 4, 1, 16, dtype=dtype)
+        na_triton.na3d_triton(q, q, q, (3, 3, 3))
+    assert seen == ["ieee", "tf32"]

@@ -13,6 +13,7 @@ frame and starting its ramp at zero.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -205,7 +206,8 @@ MAX_AUTO_TEMPORAL_TILE = 16
 
 def _steady_work(temporal: tuple[int, int], plan: TilePlan) -> float:
     """Decoded voxels per output voxel of a layout with the clip taken as endless in time: a temporal tile of t
-    latent frames decodes 8(t−1)+1 frames and advances 8(t−overlap); rows and columns as actually cut."""
+    latent frames decodes 8(t−1)+1 frames and advances 8(t−overlap) — counted so even when this clip fits one
+    tile, or 121 frames would rank differently from 241; rows and columns as actually cut."""
     tile, overlap = temporal
     frames = pixel_frames(tile) / (TEMPORAL_SCALE * (tile - overlap))
     rows, cols = (sum(b - a for a, b in cuts) / cuts[-1][1] for cuts in (plan.rows, plan.cols))
@@ -217,11 +219,13 @@ def plan_tiles(latent_shape: tuple[int, int, int], request: TilingRequest, memor
     """The tiles for a latent of (F', H', W'), a pure function of its inputs.
 
     off: one tile. manual: the requested sizes. auto: one tile when its estimate fits `memory_budget` (None =
-    ample); otherwise the tile shape with the least recompute that fits, chosen as if the clip were endless
-    (square spatial tiles, temporal tiles of at most MAX_AUTO_TEMPORAL_TILE latent frames, the requested overlaps),
-    then cut to this clip. The shape — and with the temporal groups streamed to the host, the device peak — is then
-    the same for every clip longer than one tile: ranking by this clip's own tile count gave 241 frames whole-clip
-    temporal tiles and 1.24× the peak of 121 (measured, docs/PERFORMANCE.md). The smallest layout when nothing fits.
+    ample); otherwise the tile shape with the least recompute that fits, temporal recompute counted as if the clip
+    were endless (square spatial tiles, temporal tiles of at most MAX_AUTO_TEMPORAL_TILE latent frames, the
+    requested overlaps), then cut to this clip. For clips at least that long the shape — and with the temporal
+    groups streamed to the host, the device peak — does not depend on the length: ranking by the clip's own tile
+    count gave 241 frames whole-clip temporal tiles and 1.24× the peak of 121 (measured, docs/PERFORMANCE.md).
+    Fit is judged on the clip's own tiles, so shorter clips may take larger spatial tiles. The smallest layout
+    when nothing fits.
     """
     f, h, w = latent_shape
     if request.mode == "off":
@@ -240,23 +244,23 @@ def plan_tiles(latent_shape: tuple[int, int, int], request: TilingRequest, memor
     best, smallest = None, None
     for spatial_tile in spatial_sizes:
         for temporal_tile in range(longest, temporal_overlap, -1):  # the longest that fits this spatial tile
-            # fit is judged on the full-length tile, so a short clip gets no larger shape than a long one
-            endless = _layout((max(f, temporal_tile), h, w), (temporal_tile, temporal_overlap),
-                              (spatial_tile, spatial_overlap), "", cost)
-            if smallest is None or endless.estimate_bytes < smallest[0]:
-                smallest = (endless.estimate_bytes, (temporal_tile, spatial_tile))
-            if endless.estimate_bytes <= memory_budget:
-                key = _steady_work((temporal_tile, temporal_overlap), endless)
+            plan = _layout(latent_shape, (min(temporal_tile, f), temporal_overlap), (spatial_tile, spatial_overlap),
+                           "", cost)
+            if smallest is None or plan.estimate_bytes < smallest[0]:
+                smallest = (plan.estimate_bytes, (temporal_tile, spatial_tile))
+            if plan.estimate_bytes <= memory_budget:
+                key = _steady_work((temporal_tile, temporal_overlap), plan)
                 if best is None or key < best[0]:
                     best = (key, (temporal_tile, spatial_tile))
                 break
-    reason = "auto: the largest tiles that fit the free memory"
-    if best is None:
-        best, reason = smallest, "auto: the smallest tiles (even these exceed the free memory)"
-    temporal_tile, spatial_tile = best[1]
+    temporal_tile, spatial_tile = (best or smallest)[1]
     # as few temporal tiles as that shape needs here, each as short as that count allows: never larger than the
     # shape (so never above a long clip's peak), and a short clip does not decode long overlaps for nothing
     count = len(axis_tiles(f, temporal_tile, temporal_overlap))
     temporal_tile = next(t for t in range(temporal_overlap + 1, temporal_tile + 1)
                          if t >= f or len(axis_tiles(f, t, temporal_overlap)) <= count)
-    return _layout(latent_shape, (temporal_tile, temporal_overlap), (spatial_tile, spatial_overlap), reason, cost)
+    plan = _layout(latent_shape, (temporal_tile, temporal_overlap), (spatial_tile, spatial_overlap), "", cost)
+    fits = memory_budget is None or plan.estimate_bytes <= memory_budget
+    reason = ("auto: the largest tiles that fit the free memory" if fits
+              else "auto: the smallest tiles (even these exceed the free memory)")
+    return dataclasses.replace(plan, reason=reason)

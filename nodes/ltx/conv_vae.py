@@ -277,7 +277,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
                     if on_step is not None:
                         on_step(done, plan.count)
             if len(plan.frames) > 1:
-                group = group * weights_t[ti].to(device).view(1, -1, 1, 1, 1)
+                group.mul_(weights_t[ti].to(device).view(1, -1, 1, 1, 1))  # group is this tile's own buffer
             out = host.ready()
             overlap = max(0, min(written, p1) - p0)                                 # frames an earlier group wrote
             if overlap:  # blended on the device: a read-back of these frames into fresh host memory stalled the GPU

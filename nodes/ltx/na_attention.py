@@ -212,33 +212,29 @@ def _rotate(x: torch.Tensor, rope, scale: float) -> torch.Tensor:
     return rotated.to(x.dtype)
 
 
-def project_qkv(attn, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def project_qkv(attn, hidden_states: torch.Tensor, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                torch.Tensor]:
     """`attn.project_qkv` (diffusers' `LTX2VideoVaeNeighborhoodAttention`): Q/K/V `[B, T, H, W, heads, D]`,
-    RMS-normed, query × 1/√D, 3-D RoPE — with the rotation of `_rotate`, or on CUDA with Triton the fused
-    `na_triton.norm_rope` (norm and rotation in one float32 pass). Falls back to the module's own method when its
+    RMS-normed, query × 1/√D, 3-D RoPE — with the rotation of `_rotate`, or with `fused` (the `triton` processor)
+    `na_triton.norm_rope`: norm and rotation in one float32 pass. Falls back to the module's own method when its
     scale is not a power of two (folding it would round differently)."""
     if not math.log2(attn.scale).is_integer():
         return attn.project_qkv(hidden_states)
     shape = (*hidden_states.shape[:4], attn.heads, attn.head_dim)
     query, key = attn.to_q(hidden_states).view(shape), attn.to_k(hidden_states).view(shape)
     value = attn.to_v(hidden_states).view(shape)
-    if _fused_norm_rope(hidden_states.device):
+    if fused:
         from . import na_triton
         return (na_triton.norm_rope(query, attn.norm_q, attn.rope, attn.scale),
                 na_triton.norm_rope(key, attn.norm_k, attn.rope, 1.0), value)
     return _rotate(attn.norm_q(query), attn.rope, attn.scale), _rotate(attn.norm_k(key), attn.rope, 1.0), value
 
 
-@functools.lru_cache(maxsize=8)
-def _fused_norm_rope(device: torch.device) -> bool:
-    """Whether `project_qkv` runs the fused Triton pass here (asked once per device, not once per attention call)."""
-    from . import na_triton
-    return na_triton.available(device)[0]
-
-
 class NeighborhoodAttnProcessor:
-    """Base: `project_qkv` → `na3d(q, k, v, kernel)` → `to_out`. Subclasses supply `na3d` and `name`."""
+    """Base: `project_qkv` → `na3d(q, k, v, kernel)` → `to_out`. Subclasses supply `na3d` and `name`;
+    `fused_projection` only where the Triton kernels are known to run, so the others stay a reference for them."""
     name = ""
+    fused_projection = False
 
     def scratch_bytes(self, element_bytes: int, cuda: bool) -> int:
         """Memory one call needs beyond its inputs and output (the tile planner adds it)."""
@@ -249,7 +245,7 @@ class NeighborhoodAttnProcessor:
 
     def __call__(self, attn, hidden_states: torch.Tensor, block_mask=None) -> torch.Tensor:
         batch, frames, height, width, channels = hidden_states.shape
-        query, key, value = project_qkv(attn, hidden_states)  # [B, T, H, W, heads, D]
+        query, key, value = project_qkv(attn, hidden_states, self.fused_projection)  # [B, T, H, W, heads, D]
         out = self.na3d(query, key, value, tuple(attn.kernel_size))
         return attn.to_out[0](out.reshape(batch, frames, height, width, channels))
 
@@ -301,6 +297,7 @@ class ComfyKitchenNAProcessor(NeighborhoodAttnProcessor):
 
 class TritonNAProcessor(NeighborhoodAttnProcessor):
     name = "triton"
+    fused_projection = True
 
     def __init__(self, config: "na_triton.KernelConfig | None" = None) -> None:  # noqa: F821 - imported lazily
         from . import na_triton
@@ -350,12 +347,12 @@ def natten_status() -> tuple[bool, bool]:
 
 def choose_processor(requested: str, device_type: str, ck_backends: tuple[str, ...],
                      natten: tuple[bool, bool], triton: bool) -> str:
-    """`auto` → the fastest measured (H200, docs/PERFORMANCE.md). On CUDA: our Triton kernel when Triton imports —
-    1.5× blocked SDPA on stage 5's 11³ window and 3-4× comfy_kitchen's fused kernel on the 3×7×7 and 3×5×5 ones;
-    without Triton, comfy_kitchen's `cuda`/`triton` backend for the small windows of stages 1-4 and blocked SDPA for
-    stage 5 (`comfy_kitchen+sdpa`, see `ByWindowProcessor`); otherwise blocked SDPA (on the CPU comfy_kitchen runs
-    its eager path, slower than SDPA). NATTEN's CUDA library was not measured, so auto never picks it; it stays
-    selectable by name."""
+    """`auto` → the fastest measured (H200, docs/PERFORMANCE.md). On CUDA: our Triton kernel where it runs (Triton,
+    an NVIDIA GPU of Ampere or newer, a first launch that compiled) — 1.5× blocked SDPA on stage 5's 11³ window and
+    2.7-3× comfy_kitchen's fused kernel on the 3×7×7 and 3×5×5 ones. Otherwise on CUDA comfy_kitchen's `cuda` or
+    `triton` backend for the small windows of stages 1-4 and blocked SDPA for stage 5 (`comfy_kitchen+sdpa`, see
+    `ByWindowProcessor`); else blocked SDPA (on the CPU comfy_kitchen runs its eager path, slower than SDPA).
+    NATTEN's CUDA library was not measured, so auto never picks it; it stays selectable by name."""
     if requested != "auto":
         return requested
     if device_type == "cuda" and triton:

@@ -18,6 +18,8 @@ Exactness is tested against the dense window-masked reference with Triton's inte
 """
 from __future__ import annotations
 
+import functools
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -43,19 +45,38 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 3
 
+    def __post_init__(self) -> None:
+        for name, value in (("tile product", self.tile[0] * self.tile[1] * self.tile[2]), ("block_n", self.block_n)):
+            if value < 16 or value & (value - 1):  # tl.arange and tl.dot need powers of two of at least 16
+                raise ValueError(f"KernelConfig {name} is {value}; expected a power of two ≥ 16")
+
 
 DEFAULT_CONFIG = KernelConfig()
 
 
 def available(device: torch.device) -> tuple[bool, str]:
-    """(usable, why not): needs Triton and a CUDA GPU of compute capability ≥ 8.0 (on the CPU only Triton's
-    interpreter runs it, for tests)."""
+    """(usable, why not): Triton, an NVIDIA GPU of compute capability ≥ 8.0, and a first launch that compiled and
+    ran (Triton can import yet fail to build, e.g. without a C compiler). On the CPU only Triton's interpreter runs
+    the kernels, for tests."""
     if triton is None:
         return False, "Triton is not installed"
     if device.type != "cuda" or not torch.cuda.is_available():
         return False, f"the device is {device.type} without a usable GPU; the kernel needs CUDA"
+    if torch.version.hip is not None:
+        return False, "the GPU is an AMD (ROCm) one; the kernel was only built and measured on NVIDIA"
     if torch.cuda.get_device_capability(device) < (8, 0):  # Triton's bf16 tl.dot needs Ampere or newer
         return False, f"{torch.cuda.get_device_name(device)} is older than Ampere (compute capability 8.0)"
+    return _first_launch(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _first_launch(index: int) -> tuple[bool, str]:
+    try:
+        q = torch.randn(1, 3, 4, 4, 1, 16, device=f"cuda:{index}", dtype=torch.bfloat16)
+        na3d_triton(q, q, q, (3, 3, 3))
+        torch.cuda.synchronize(index)
+    except Exception as error:  # noqa: BLE001 - any build or launch failure makes the kernel unusable here
+        return False, f"its first launch failed ({type(error).__name__}: {str(error)[:200]})"
     return True, ""
 
 
@@ -69,7 +90,7 @@ def _define_kernel():
                  o_b, o_t, o_h, o_w, o_head,
                  KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                  QT: tl.constexpr, QH: tl.constexpr, QW: tl.constexpr,
-                 D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+                 D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
         BLOCK_M: tl.constexpr = QT * QH * QW
         tile = tl.program_id(0)
         b = tl.program_id(1) // heads
@@ -122,7 +143,7 @@ def _define_kernel():
             k_mask = k_valid[:, None] & d_valid[None, :]
             k = tl.load(k_ptr + k_rows[:, None] + d[None, :], mask=k_mask, other=0.0)
             v = tl.load(v_ptr + k_rows[:, None] + d[None, :], mask=k_mask, other=0.0)
-            scores = tl.dot(q, tl.trans(k)) * LOG2E
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * LOG2E
             inside = ((kt[None, :] - start_t[:, None]).to(tl.uint32) < KT) \
                 & ((kh[None, :] - start_h[:, None]).to(tl.uint32) < KH) \
                 & ((kw[None, :] - start_w[:, None]).to(tl.uint32) < KW) & k_valid[None, :]
@@ -131,7 +152,7 @@ def _define_kernel():
             p = tl.exp2(scores - m_new[:, None])
             alpha = tl.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         out = acc / l_i[:, None]
         o_rows = b.to(tl.int64) * o_b + head * o_head + qt.to(tl.int64) * o_t + qh * o_h + qw * o_w
@@ -174,12 +195,19 @@ _kernel = _define_kernel() if triton is not None else None
 _norm_rope_kernel = _define_norm_rope_kernel() if triton is not None else None
 
 
+_ROPE_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _rope_tables(rope, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per rotation pair: its frequency (the module's own `_inv_freqs`) and its axis (0 = T, 1 = H, 2 = W)."""
-    freqs = torch.cat([rope._inv_freqs(dim, device) for dim in rope.rope_dim_split])
-    axes = torch.cat([torch.full((dim // 2,), axis, dtype=torch.int32, device=device)
-                      for axis, dim in enumerate(rope.rope_dim_split)])
-    return freqs.float().contiguous(), axes
+    """Per rotation pair: its frequency (the module's own `_inv_freqs`) and its axis (0 = T, 1 = H, 2 = W); built
+    once per module and device, not on every attention call."""
+    per_device = _ROPE_TABLES.setdefault(rope, {})
+    if device not in per_device:
+        freqs = torch.cat([rope._inv_freqs(dim, device) for dim in rope.rope_dim_split])
+        axes = torch.cat([torch.full((dim // 2,), axis, dtype=torch.int32, device=device)
+                          for axis, dim in enumerate(rope.rope_dim_split)])
+        per_device[device] = (freqs.float().contiguous(), axes)
+    return per_device[device]
 
 
 def norm_rope(x: torch.Tensor, norm: torch.nn.RMSNorm, rope, scale: float, block_rows: int = 64) -> torch.Tensor:
@@ -219,5 +247,6 @@ def na3d_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: 
         raise LTX25Error(WHERE, "triton", "not installed", "Triton (it comes with CUDA builds of torch)")
     _kernel[grid](q, k, v, out, t, h, w, heads, *q.stride()[:5], *out.stride()[:5],
                     *kernel_size, qt, qh, qw, dim, max(16, 1 << (dim - 1).bit_length()), config.block_n,
+                    "ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32, not TF32
                     num_warps=config.num_warps, num_stages=config.num_stages)
     return out
