@@ -368,7 +368,8 @@ def make_processor(requested: str, device: torch.device) -> NeighborhoodAttnProc
         raise LTX25Error(WHERE, "the attention processor", repr(requested), " / ".join(PROCESSORS))
     from . import na_triton
     ck, nat = comfy_kitchen_backends(), natten_status()
-    triton_ok, triton_why = na_triton.available(device)
+    # asked only when it may be picked: its first launch compiles a kernel
+    triton_ok, triton_why = na_triton.available(device) if requested in ("auto", "triton") else (False, "")
     name = choose_processor(requested, device.type, ck, nat, triton_ok)
     if name == "sdpa":
         return SdpaNAProcessor()

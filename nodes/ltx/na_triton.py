@@ -246,7 +246,7 @@ def na3d_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: 
     if _kernel is None:
         raise LTX25Error(WHERE, "triton", "not installed", "Triton (it comes with CUDA builds of torch)")
     _kernel[grid](q, k, v, out, t, h, w, heads, *q.stride()[:5], *out.stride()[:5],
-                    *kernel_size, qt, qh, qw, dim, max(16, 1 << (dim - 1).bit_length()), config.block_n,
-                    "ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32, not TF32
-                    num_warps=config.num_warps, num_stages=config.num_stages)
+                  *kernel_size, qt, qh, qw, dim, max(16, 1 << (dim - 1).bit_length()), config.block_n,
+                  "ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32, not TF32
+                  num_warps=config.num_warps, num_stages=config.num_stages)
     return out
