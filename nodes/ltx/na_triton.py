@@ -18,6 +18,7 @@ Exactness is tested against the dense window-masked reference with Triton's inte
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
 from dataclasses import dataclass
@@ -224,9 +225,10 @@ def norm_rope(x: torch.Tensor, norm: torch.nn.RMSNorm, rope, scale: float, block
     weight = norm.weight if norm.weight is not None else torch.ones(dim, device=x.device)
     out = torch.empty_like(x)
     rows = x.numel() // dim
-    _norm_rope_kernel[(-(-rows // block_rows),)](x, out, weight, freqs, axes, rows, t, h, w, heads, float(eps),
-                                                 float(scale), dim, max(2, 1 << (dim // 2 - 1).bit_length()),
-                                                 block_rows)
+    with _on(x.device):
+        _norm_rope_kernel[(-(-rows // block_rows),)](x, out, weight, freqs, axes, rows, t, h, w, heads, float(eps),
+                                                     float(scale), dim, max(2, 1 << (dim // 2 - 1).bit_length()),
+                                                     block_rows)
     return out
 
 
@@ -245,8 +247,14 @@ def na3d_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: 
     grid = (-(-t // qt) * -(-h // qh) * -(-w // qw), b * heads)
     if _kernel is None:
         raise LTX25Error(WHERE, "triton", "not installed", "Triton (it comes with CUDA builds of torch)")
-    _kernel[grid](q, k, v, out, t, h, w, heads, *q.stride()[:5], *out.stride()[:5],
-                  *kernel_size, qt, qh, qw, dim, max(16, 1 << (dim - 1).bit_length()), config.block_n,
-                  "ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32, not TF32
-                  num_warps=config.num_warps, num_stages=config.num_stages)
+    with _on(q.device):
+        _kernel[grid](q, k, v, out, t, h, w, heads, *q.stride()[:5], *out.stride()[:5],
+                      *kernel_size, qt, qh, qw, dim, max(16, 1 << (dim - 1).bit_length()), config.block_n,
+                      "ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32, not TF32
+                      num_warps=config.num_warps, num_stages=config.num_stages)
     return out
+
+
+def _on(device: torch.device):
+    """Triton launches on the current CUDA device, not the tensors' one: make them the same (several GPUs)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
