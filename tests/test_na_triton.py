@@ -1,6 +1,8 @@
 """The fused Triton neighborhood-attention kernel (`na_triton`), run by Triton's interpreter on the CPU (conftest sets
 TRITON_INTERPRET without a GPU): exact against the dense window-masked reference on borders, kernel = axis, tiles that
-do not divide the grid, batch and heads, strided inputs, key blocks holding none of a row's window, and bf16."""
+do not divide the grid, batch and heads, strided inputs, key blocks holding none of a row's window, and fp16 (bf16
+is compared with `sdpa` on the GPU by bench/bench_na_kernel.py); the fused norm + RoPE pass against diffusers; when
+the kernel counts as available."""
 from __future__ import annotations
 
 import pytest
@@ -30,7 +32,7 @@ def test_triton_kernel_equals_dense_window_attention(shape, kernel, config):
 def test_triton_kernel_reads_strided_inputs_and_half_precision():
     """Q/K/V as views of one fused projection (shared strides, not contiguous), and in half precision: fp16 here
     (Triton's interpreter mishandles bf16 stores; bf16 is checked on the GPU against `sdpa` by
-    bench/bench_diffusion_vae.py)."""
+    bench/bench_na_kernel.py)."""
     shape, kernel = (1, 6, 8, 8, 2, 16), (3, 5, 5)
     fused = torch.randn(*shape[:4], 3, shape[4], shape[5], generator=torch.Generator().manual_seed(1))
     q, k, v = fused.unbind(4)
