@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from . import comfy_bridge as bridge
+from .handles import latent_for_decoder
 from .ltx.conv_tiling import MODES, TilingRequest
-from .ltx.errors import LTX25Error
 
 CATEGORY = "LTX-2.5/decode"
 NODE = "LTX25ConvVAEDecode"
@@ -50,13 +50,8 @@ class LTX25ConvVAEDecode:
 
     def decode(self, video_vae, latent, tiling, spatial_tile, spatial_overlap, temporal_tile, temporal_overlap):
         from .ltx.conv_vae import decode_conv, decode_plan
-        from .ltx.latents import check_video_latent
-        kind = getattr(video_vae.module, "kind", None)
-        if kind != "conv":
-            raise LTX25Error(f"{NODE}.video_vae", "the connected video VAE", f"a {kind or 'non-LTX'} VAE "
-                             f"({video_vae.info.name})", "the conv VAE (ltx-2.5-video-vae-conv-bf16.safetensors)",
-                             "Decode it with the LTX-2.5 Diffusion VAE Decode node, or load the conv VAE here.")
-        samples = check_video_latent(latent.get("samples") if isinstance(latent, dict) else latent, f"{NODE}.latent")
+        samples = latent_for_decoder(NODE, video_vae, latent, "conv", "ltx-2.5-video-vae-conv-bf16.safetensors",
+                                     "LTX-2.5 Diffusion VAE Decode")
         request = TilingRequest(tiling, spatial_tile, spatial_overlap, temporal_tile, temporal_overlap)
         # Ask model management for room to decode untiled (evicting the sampler's models); auto then tiles only
         # if even that much is not free.

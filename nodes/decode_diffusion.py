@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from . import comfy_bridge as bridge
+from .handles import latent_for_decoder
 from .ltx.diffusion_vae import TILING_MODES
 from .ltx.errors import LTX25Error
 from .ltx.na_attention import PROCESSORS
@@ -51,12 +52,8 @@ class LTX25DiffusionVAEDecode:
 
     def decode(self, video_vae, latent, processor, steps, seed, tiling, tile_frames, tile_pixels, memory_budget_gb):
         from .ltx import diffusion_vae as engine
-        from .ltx.latents import check_video_latent
-        if getattr(video_vae.module, "kind", None) != "diffusion":
-            raise LTX25Error(f"{NODE}.video_vae", "the connected VAE",
-                             f"a {getattr(video_vae.module, 'kind', '?')} VAE", "the diffusion VAE",
-                             "Decode it with LTX-2.5 Conv VAE Decode instead.")
-        samples = check_video_latent(latent.get("samples") if isinstance(latent, dict) else latent, f"{NODE}.latent")
+        samples = latent_for_decoder(NODE, video_vae, latent, "diffusion", "ltx-2.5-video-vae-bf16.safetensors",
+                                     "LTX-2.5 Conv VAE Decode")
         weights = bridge.module_bytes(video_vae.module)
         if 0 < memory_budget_gb * 2**30 <= weights:
             raise LTX25Error(f"{NODE}.memory_budget_gb", "the budget", f"{memory_budget_gb} GiB",

@@ -9,6 +9,7 @@ import torch
 
 from . import comfy_bridge as bridge
 from .ltx.assets import AssetInfo
+from .ltx.errors import LTX25Error
 
 
 @dataclass
@@ -27,3 +28,15 @@ class Loaded:
         """Load onto the compute device through model management (evicting others if needed); the module."""
         bridge.load_models([self.patcher], memory_required)
         return self.module
+
+
+def latent_for_decoder(node: str, video_vae: Loaded, latent, kind: str, file: str, other_node: str) -> torch.Tensor:
+    """The `[B, 128, F', H', W']` samples of a decode node's `latent` input, after checking that `video_vae` is the
+    `kind` decoder (from `file`); the other kind is pointed to `other_node`, which decodes it."""
+    from .ltx.latents import check_video_latent
+    found = getattr(video_vae.module, "kind", None)
+    if found != kind:
+        raise LTX25Error(f"{node}.video_vae", "the connected video VAE", f"a {found or 'non-LTX'} VAE "
+                         f"({video_vae.info.name})", f"the {kind} VAE ({file})",
+                         f"Decode it with the {other_node} node, or load the {kind} VAE here.")
+    return check_video_latent(latent.get("samples") if isinstance(latent, dict) else latent, f"{node}.latent")

@@ -316,7 +316,8 @@ def test_node_decodes_and_refuses_a_conv_vae(tiny_file):
     assert images.shape == (17, 64, 64, 3) and stats.decoder == "diffusion" and stats.steps == 1
     assert out["ui"]["ltx25_decode_stats"] == [stats.as_dict()]  # what the canvas shows on the node
     assert stats.processor == "sdpa" and stats.tile_count == 1
-    conv = types.SimpleNamespace(module=types.SimpleNamespace(kind="conv"))
+    conv = types.SimpleNamespace(module=types.SimpleNamespace(kind="conv"),
+                                 info=types.SimpleNamespace(name="ltx-2.5-video-vae-conv-bf16.safetensors"))
     with pytest.raises(LTX25Error, match="Conv VAE Decode"):
         node.decode(conv, {"samples": LATENT}, "auto", 0, 0, "auto", 80, 512, 0.0)
     inputs = LTX25DiffusionVAEDecode.INPUT_TYPES()["required"]
