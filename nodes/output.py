@@ -1,7 +1,9 @@
 """The output node: frames + optional audio → an H.264/AAC mp4 in the output folder, never overwriting."""
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 
 import torch
 
@@ -34,8 +36,10 @@ class LTX25SaveVideo:
                     "Run info stored in the file (JSON: prompt, seed, decoder, timings), e.g. a compare report.")})},
             "hidden": {"prompt": "PROMPT", "extra_pnginfo": "EXTRA_PNGINFO"}}
 
-    def save(self, images, fps, filename_prefix, audio=None, metadata="", prompt=None, extra_pnginfo=None):
-        from .ltx.video_io import output_path, run_metadata, write_mp4
+    async def save(self, images, fps, filename_prefix, audio=None, metadata="", prompt=None, extra_pnginfo=None):
+        """A coroutine, so ComfyUI's executor runs the CPU-bound encode on a worker thread while the next nodes (the
+        other decoder, the compare) use the GPU. The file name is reserved first; a failed encode removes it."""
+        from .ltx.video_io import output_path, run_metadata
         tags = run_metadata(metadata)
         if prompt is not None:       # like ComfyUI's own savers: the graph travels with the file
             tags["prompt"] = json.dumps(prompt)
@@ -44,9 +48,20 @@ class LTX25SaveVideo:
         rate = int(audio["sample_rate"]) if isinstance(audio, dict) and "sample_rate" in audio else 48000
         waveform = _one_track(audio, images.shape[0], fps, rate)
         path, subfolder, filename = output_path(bridge.output_dir(), filename_prefix)
-        write_mp4(path, images, fps, waveform, rate, tags)
+        try:
+            await asyncio.to_thread(_encode, path, images, fps, waveform, rate, tags)
+        except BaseException:
+            os.remove(path)
+            raise
         preview = {"filename": filename, "subfolder": subfolder, "type": "output", "format": "video/mp4"}
         return {"ui": {"images": [preview], "animated": (True,)}, "result": (path,)}
+
+
+def _encode(path: str, images: torch.Tensor, fps: float, waveform: torch.Tensor | None, rate: int,
+            tags: dict[str, str]) -> None:
+    from .ltx.video_io import write_mp4
+    with torch.inference_mode():  # thread-local: the worker thread does not inherit the executor's mode
+        write_mp4(path, images, fps, waveform, rate, tags)
 
 
 def _one_track(audio: dict | None, frames: int, fps: float, sample_rate: int) -> torch.Tensor | None:

@@ -9,10 +9,12 @@ It exists for tests and the demo — inside ComfyUI the real executor runs the s
 from __future__ import annotations
 
 import argparse
+import asyncio
+import inspect
 import json
 import sys
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -42,30 +44,99 @@ def apply_overrides(prompt: dict[str, dict], overrides: list[str]) -> None:
         prompt[node_id]["inputs"][name] = value
 
 
-def execute(prompt: Mapping[str, dict], classes: Mapping[str, type] | None = None) -> dict[str, Any]:
-    """Validate, then run every node in dependency order inside inference mode (as ComfyUI's executor does).
-    Returns {"outputs": {node_id: raw output tuple}, "ui": {node_id: ui dict}, "seconds": {node_id: s}}."""
+def is_async(node_class: type) -> bool:
+    """A node whose FUNCTION is a coroutine; ComfyUI's executor (0.3.4x+) runs those as tasks, others in line."""
+    return inspect.iscoroutinefunction(getattr(node_class, node_class.FUNCTION))
+
+
+def _sources(node: Mapping[str, Any]) -> set[str]:
+    return {v[0] for v in node.get("inputs", {}).values() if isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)}
+
+
+def _pick(ready: list[str], prompt: Mapping[str, dict], classes: Mapping[str, type]) -> str:
+    """ComfyUI's rule among ready nodes (`ux_friendly_pick_node`): an output or async node first, then one an output
+    node waits on, else the first in dependency order. Where ComfyUI breaks ties by its pending-set order (which
+    follows Python's hash order of the output ids), this takes the node that feeds the most output nodes: the audio
+    decode that three saves wait on runs before the video decodes, so each save starts as soon as its frames exist."""
+    def is_output(node_id: str) -> bool:
+        return bool(getattr(classes[prompt[node_id]["class_type"]], "OUTPUT_NODE", False))
+
+    for node_id in ready:
+        if is_output(node_id) or is_async(classes[prompt[node_id]["class_type"]]):
+            return node_id
+    fed = {node_id: sum(node_id in _sources(prompt[o]) for o in prompt if is_output(o)) for node_id in ready}
+    return max(ready, key=lambda node_id: fed[node_id])  # max keeps the first of equals
+
+
+def execute(prompt: Mapping[str, dict], classes: Mapping[str, type] | None = None,
+            preset: Mapping[str, tuple] | None = None, on_start: Callable[[str], None] | None = None,
+            on_end: Callable[[str, Any, float], None] | None = None) -> dict[str, Any]:
+    """Validate, then run the nodes inside inference mode the way ComfyUI's executor does: one at a time in
+    dependency order, ready output/async nodes first, async nodes (the saves) as tasks that run on while later nodes
+    go on. `preset` gives outputs of nodes not to run (a benchmark's prebuilt loaders); `on_start(node_id)` and
+    `on_end(node_id, raw result, seconds)` watch each node (an async node ends when its task does).
+    Returns {"outputs": {node_id: output tuple}, "ui": {node_id: ui dict}, "seconds": {node_id: s}, "wall_s": s}."""
     classes = classes or NODE_CLASS_MAPPINGS
     validate(prompt, classes)
-    outputs: dict[str, tuple] = {}
+    start = time.perf_counter()
+    with torch.inference_mode():
+        result = asyncio.run(_execute(prompt, classes, dict(preset or {}), on_start, on_end))
+    result["wall_s"] = time.perf_counter() - start
+    return result
+
+
+async def _execute(prompt, classes, preset, on_start, on_end) -> dict[str, Any]:
+    outputs: dict[str, tuple] = dict(preset)
     ui: dict[str, dict] = {}
     seconds: dict[str, float] = {}
-    with torch.inference_mode():
-        for node_id in execution_order(prompt):
-            node = prompt[node_id]
-            cls = classes[node["class_type"]]
-            kwargs = {name: outputs[value[0]][value[1]]
-                      if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) else value
-                      for name, value in node["inputs"].items()}
-            title = node.get("_meta", {}).get("title", node["class_type"])
-            print(f"[run] {node_id} {title}", file=sys.stderr, flush=True)
-            start = time.perf_counter()
-            result = getattr(cls(), cls.FUNCTION)(**kwargs)
-            seconds[node_id] = time.perf_counter() - start
-            if isinstance(result, dict):
-                ui[node_id] = result.get("ui", {})
-                result = result.get("result", ())
-            outputs[node_id] = tuple(result)
+    waiting = [n for n in execution_order(prompt) if n not in preset]
+    running: dict[asyncio.Task, tuple[str, float]] = {}
+
+    def finish(node_id: str, result: Any, started: float) -> None:
+        seconds[node_id] = time.perf_counter() - started
+        if on_end is not None:
+            on_end(node_id, result, seconds[node_id])
+        if isinstance(result, dict):
+            ui[node_id] = result.get("ui", {})
+            result = result.get("result", ())
+        outputs[node_id] = tuple(result)
+
+    async def harvest(block: bool) -> None:
+        if not running:
+            return
+        done, _ = await asyncio.wait(running, timeout=None if block else 0, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            node_id, started = running.pop(task)
+            try:
+                finish(node_id, task.result(), started)
+            except BaseException:
+                for other in running:  # the graph stops at its first failure, as ComfyUI's does
+                    other.cancel()
+                print(f"[run] {node_id} failed", file=sys.stderr, flush=True)
+                raise
+
+    while waiting or running:
+        await harvest(block=False)
+        ready = [n for n in waiting if _sources(prompt[n]) <= outputs.keys()]
+        if not ready:
+            await harvest(block=True)
+            continue
+        node_id = _pick(ready, prompt, classes)
+        waiting.remove(node_id)
+        node, cls = prompt[node_id], classes[prompt[node_id]["class_type"]]
+        kwargs = {name: outputs[value[0]][value[1]]
+                  if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) else value
+                  for name, value in node["inputs"].items()}
+        print(f"[run] {node_id} {node.get('_meta', {}).get('title', node['class_type'])}", file=sys.stderr, flush=True)
+        if on_start is not None:
+            on_start(node_id)
+        started = time.perf_counter()
+        call = getattr(cls(), cls.FUNCTION)(**kwargs)
+        if inspect.iscoroutine(call):
+            running[asyncio.ensure_future(call)] = (node_id, started)
+            await asyncio.sleep(0)  # let it start (as ComfyUI does) before the next node takes the thread
+        else:
+            finish(node_id, call, started)
     return {"outputs": outputs, "ui": ui, "seconds": seconds}
 
 
@@ -85,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     except (GraphError, LTX25Error) as e:  # the node that failed is the last "[run]" line above
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({"ui": result["ui"], "seconds": result["seconds"]}, default=str, indent=1))
+    summary = {"ui": result["ui"], "seconds": result["seconds"], "wall_s": result["wall_s"]}
+    print(json.dumps(summary, default=str, indent=1))
     return 0
 
 

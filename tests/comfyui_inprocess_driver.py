@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import dataclasses
 import gc
+import inspect
 import json
 import os
 import sys
@@ -117,16 +118,24 @@ def main(argv: list[str] | None = None) -> int:
     for name, cls in pack_classes.items():
         original = getattr(cls, cls.FUNCTION)
 
+        def start(name: str, is_async: bool) -> dict:
+            calls.append({"class_type": name, "inference_mode": torch.is_inference_mode_enabled(),
+                          "grad_enabled": torch.is_grad_enabled(), "async": is_async, "t": time.perf_counter()})
+            return calls[-1]
+
         def observed(self, *a, __original=original, __name=name, **kw):
-            call = {"class_type": __name, "inference_mode": torch.is_inference_mode_enabled(),
-                    "grad_enabled": torch.is_grad_enabled()}
-            calls.append(call)
-            t = time.perf_counter()
+            call = start(__name, False)
             result = __original(self, *a, **kw)
-            call["seconds"] = round(time.perf_counter() - t, 3)
+            call["seconds"] = round(time.perf_counter() - call.pop("t"), 3)
             return result
 
-        setattr(cls, cls.FUNCTION, observed)
+        async def observed_async(self, *a, __original=original, __name=name, **kw):  # the executor runs it as a task
+            call = start(__name, True)
+            result = await __original(self, *a, **kw)
+            call["seconds"] = round(time.perf_counter() - call.pop("t"), 3)
+            return result
+
+        setattr(cls, cls.FUNCTION, observed_async if inspect.iscoroutinefunction(original) else observed)
     loaded_patchers: list = []
     real_load_models_gpu = mm.load_models_gpu
 

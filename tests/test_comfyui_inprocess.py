@@ -80,6 +80,8 @@ def test_pack_nodes_run_in_inference_mode_inside_the_executor(report, name):
         f"{name}: pack node calls seen: {sorted({c['class_type'] for c in calls})}"
     off = [c for c in calls if not c["inference_mode"] or c["grad_enabled"]]
     assert not off, f"{name}: nodes called outside inference mode: {off}"
+    saves = [c for c in calls if c["class_type"] == "LTX25SaveVideo"]
+    assert all(c["async"] and "seconds" in c for c in saves), f"{name}: saves not run to the end as tasks: {saves}"
     tensors = entry["tensors"]
     assert any(t["class_type"] == "LTX25EmptyLatent" for t in tensors), f"{name}: no latent tensor observed"
     leaked = [t for t in tensors if not t["is_inference"] or t["requires_grad"]]

@@ -111,3 +111,69 @@ def test_an_int_named_seed_gets_the_canvas_control_value_unless_the_node_opts_ou
     assert has_control_value("seed", "INT", {}) and has_control_value("noise_seed", "INT", {})
     assert not has_control_value("seed", "INT", {"control_after_generate": False})
     assert not has_control_value("steps", "INT", {}) and has_control_value("x", "INT", {"control_after_generate": True})
+
+
+class SlowSave:
+    """An async output node, like LTX25SaveVideo: its work runs on a thread while later nodes go on."""
+    RETURN_TYPES = ()
+    OUTPUT_NODE = True
+    FUNCTION = "save"
+    events: list = []
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"number": ("NUMBER",), "fail": ("BOOLEAN", {"default": False})}}
+
+    async def save(self, number, fail):
+        import asyncio
+        import time
+        SlowSave.events.append(("save starts", number))
+        await asyncio.to_thread(time.sleep, 0.3)
+        if fail:
+            raise RuntimeError(f"save of {number} failed")
+        SlowSave.events.append(("save ends", number))
+        return {"ui": {"saved": [number]}, "result": ()}
+
+
+class Work:
+    RETURN_TYPES = ("NUMBER",)
+    FUNCTION = "work"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"number": ("NUMBER",)}}
+
+    def work(self, number):
+        SlowSave.events.append(("work", number))
+        return (number + 1,)
+
+
+ASYNC_CLASSES = {"MakeNumber": MakeNumber, "SlowSave": SlowSave, "Work": Work}
+# 1 → 2 (work) → 3 (work); saves of 1's and 2's numbers; the saves' ids sort last, so plain dependency order would
+# run both works first and the saves at the end.
+ASYNC_API = {"1": {"class_type": "MakeNumber", "inputs": {"value": 3, "seed": 4, "mode": "add"}},
+             "2": {"class_type": "Work", "inputs": {"number": ["1", 0]}},
+             "3": {"class_type": "Work", "inputs": {"number": ["2", 0]}},
+             "8": {"class_type": "SlowSave", "inputs": {"number": ["1", 0], "fail": False}},
+             "9": {"class_type": "SlowSave", "inputs": {"number": ["2", 0], "fail": False}}}
+
+
+def test_async_output_nodes_start_first_and_run_while_later_nodes_go_on():
+    """As in ComfyUI's executor: a ready output/async node is picked before other ready nodes, and an async node's
+    task runs on while the next nodes execute; the run ends when every task has. Both saves start before the last
+    work node runs and end after it, so the two saves overlapped the rest of the graph."""
+    SlowSave.events = []
+    result = run.execute(ASYNC_API, ASYNC_CLASSES)
+    events = SlowSave.events
+    assert events[:3] == [("save starts", 7), ("work", 7), ("save starts", 8)], events
+    assert events[3] == ("work", 8) and {e for e in events[4:]} == {("save ends", 7), ("save ends", 8)}, events
+    assert result["ui"]["8"] == {"saved": [7]} and result["ui"]["9"] == {"saved": [8]}
+    assert result["wall_s"] < 0.55 < result["seconds"]["8"] + result["seconds"]["9"]  # 0.3 s each, overlapped
+
+
+def test_a_failing_async_node_fails_the_run():
+    SlowSave.events = []
+    broken = json.loads(json.dumps(ASYNC_API))
+    broken["9"]["inputs"]["fail"] = True
+    with pytest.raises(RuntimeError, match="save of 8 failed"):
+        run.execute(broken, ASYNC_CLASSES)

@@ -2,6 +2,7 @@
 counter never overwrites; audio is fitted to the video; the node's UI/result contract."""
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -21,6 +22,11 @@ def output_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
+def _save(*args, **kwargs):
+    """The node's save is a coroutine (ComfyUI runs it as a task): run it to the end."""
+    return asyncio.run(LTX25SaveVideo().save(*args, **kwargs))
+
+
 def _frames(count=25, height=64, width=96, seed=0):
     return torch.rand(count, height, width, 3, generator=torch.Generator().manual_seed(seed))
 
@@ -35,7 +41,7 @@ def test_saved_mp4_decodes_back_with_frames_fps_size_audio_and_metadata(output_d
     at 48 kHz lasting 25/24 s (the track is fitted to the video; AAC rounds up to whole 1024-sample frames, so the
     decoded track is at most one AAC frame longer, never shorter), and the run metadata JSON in its tags."""
     info = {"prompt": "a fox", "seed": 7, "decoder": "conv", "seconds": 1.5}
-    result = LTX25SaveVideo().save(_frames(), 24.0, "LTX25", {"waveform": _tone(1.0)[None], "sample_rate": 48000},
+    result = _save(_frames(), 24.0, "LTX25", {"waveform": _tone(1.0)[None], "sample_rate": 48000},
                                    json.dumps(info))
     probe = video_io.probe_mp4(result["result"][0])
     assert (probe.frames, probe.fps, probe.width, probe.height) == (25, 24.0, 96, 64)
@@ -61,9 +67,8 @@ def test_counter_never_overwrites(output_dir):
     refilled) and two saves in a row get two names."""
     (output_dir / "LTX25_00001_.mp4").write_bytes(b"keep me")
     (output_dir / "LTX25_00007_.mp4").write_bytes(b"keep me too")
-    node = LTX25SaveVideo()
-    first = node.save(_frames(9), 24.0, "LTX25")["result"][0]
-    second = node.save(_frames(9), 24.0, "LTX25")["result"][0]
+    first = _save(_frames(9), 24.0, "LTX25")["result"][0]
+    second = _save(_frames(9), 24.0, "LTX25")["result"][0]
     assert os.path.basename(first) == "LTX25_00008_.mp4" and os.path.basename(second) == "LTX25_00009_.mp4"
     assert (output_dir / "LTX25_00001_.mp4").read_bytes() == b"keep me"
     assert (output_dir / "LTX25_00007_.mp4").read_bytes() == b"keep me too"
@@ -72,7 +77,7 @@ def test_counter_never_overwrites(output_dir):
 def test_node_returns_a_preview_entry_and_the_path(output_dir):
     """`{"ui": {"images": [{filename, subfolder, type: output, format: video/mp4}], "animated": (True,)},
     "result": (path,)}`, with a subfolder taken from the prefix."""
-    out = LTX25SaveVideo().save(_frames(9), 24.0, "videos/run")
+    out = _save(_frames(9), 24.0, "videos/run")
     entry = out["ui"]["images"][0]
     assert entry == {"filename": "run_00001_.mp4", "subfolder": "videos", "type": "output", "format": "video/mp4"}
     assert out["ui"]["animated"] == (True,)
@@ -85,7 +90,7 @@ def test_odd_sizes_are_padded_to_even(output_dir):
     frames = torch.zeros(9, 33, 47, 3)
     frames[:, :, -1] = 1.0
     frames[:, -1, :] = 1.0
-    path = LTX25SaveVideo().save(frames, 24.0, "odd")["result"][0]
+    path = _save(frames, 24.0, "odd")["result"][0]
     probe = video_io.probe_mp4(path)
     assert (probe.width, probe.height, probe.frames) == (48, 34, 9)
     import av
@@ -98,14 +103,14 @@ def test_prefix_outside_the_output_folder_is_refused(output_dir):
     """A prefix with '..' or an absolute path cannot write outside the output folder."""
     for prefix in ("../escape", "/tmp/escape"):
         with pytest.raises(LTX25Error, match="filename prefix"):
-            LTX25SaveVideo().save(_frames(9), 24.0, prefix)
+            _save(_frames(9), 24.0, prefix)
 
 
 def test_batch_audio_is_fitted_per_clip(output_dir):
     """Two clips decoded as a batch (frames one after the other) with two waveforms of slightly different
     lengths: each track is fitted to its clip, so the file's audio lasts exactly the video's 2·9/24 s."""
     audio = torch.stack([_tone(0.35), _tone(0.35)])[:, :, :16000]
-    path = LTX25SaveVideo().save(_frames(18), 24.0, "batch", {"waveform": audio, "sample_rate": 48000})["result"][0]
+    path = _save(_frames(18), 24.0, "batch", {"waveform": audio, "sample_rate": 48000})["result"][0]
     probe = video_io.probe_mp4(path)
     assert probe.frames == 18 and 0 <= probe.audio_samples - 18 / 24 * 48000 < 1024, probe.audio_samples
 
@@ -117,6 +122,52 @@ def test_decoded_audio_and_video_end_together(tiny_file, output_dir):
     vae = av.load_audio_vae(tiny_file("audio_vae"), torch.float32)
     audio = av.decode_audio(vae, torch.randn(1, 8, 18, 16), fps=24.0)
     assert audio["waveform"].shape[-1] < round(17 / 24 * 48000)
-    path = LTX25SaveVideo().save(_frames(17), 24.0, "av", audio)["result"][0]
+    path = _save(_frames(17), 24.0, "av", audio)["result"][0]
     probe = video_io.probe_mp4(path)
     assert probe.frames == 17 and 0 <= probe.audio_samples - 17 / 24 * 48000 < 1024, probe.audio_samples
+
+
+def test_save_runs_on_a_worker_thread_so_the_next_node_can_go_on(output_dir):
+    """The save is a coroutine whose encode runs on another thread: while it encodes, the event loop (ComfyUI's
+    executor) is free — a ticker on the loop advances during the save. A plain function would block the loop."""
+    import threading
+    assert asyncio.iscoroutinefunction(LTX25SaveVideo.save)
+    encoder_threads = set()
+    original = video_io.write_mp4
+
+    def spy(*args, **kwargs):
+        encoder_threads.add(threading.get_ident())
+        return original(*args, **kwargs)
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        tick = asyncio.ensure_future(ticker())
+        path = (await LTX25SaveVideo().save(_frames(49, 256, 256), 24.0, "thread"))["result"][0]
+        tick.cancel()
+        return path, ticks
+
+    video_io.write_mp4 = spy
+    try:
+        path, ticks = asyncio.run(main())
+    finally:
+        video_io.write_mp4 = original
+    assert encoder_threads and threading.get_ident() not in encoder_threads
+    assert ticks > 3 and video_io.probe_mp4(path).frames == 49
+
+
+def test_a_failed_encode_leaves_no_file(output_dir, monkeypatch):
+    """The name is reserved before the encode; if the encode fails, the reserved file goes too."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("encoder died")
+
+    monkeypatch.setattr(video_io, "write_mp4", broken)
+    with pytest.raises(RuntimeError, match="encoder died"):
+        _save(_frames(9), 24.0, "gone")
+    assert not list(output_dir.iterdir())
