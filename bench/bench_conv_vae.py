@@ -168,8 +168,19 @@ def main(argv=None) -> int:
             row["diffusers_tiled_own"] = measure(lambda: to_cpu_frames(ref.decode(raw).sample), device, repeats)
             ref.disable_tiling()
             ref.use_framewise_decoding = False
+            # tiles of one temporal tile stacked as free memory allows (cv.tile_batch), then as many as fit in
+            # diffusers' own activation peak, then one at a time (a budget of just the plan's estimate)
             row["ours_manual_diffusers_sizes"] = measure(lambda: cv.decode_conv(ours, z, same_as_diffusers), device,
                                                          repeats)
+            budgets = {"within_diffusers_peak": int(row["diffusers_tiled_own"].get("activation_peak_gib", 0) * 2**30),
+                       "one_at_a_time": cv.decode_plan(ours, tuple(z.shape), same_as_diffusers, None).estimate_bytes}
+            for label, budget in budgets.items():
+                _, stats = cv.decode_conv(ours, z, same_as_diffusers, memory_budget=budget)
+                row[f"ours_manual_diffusers_sizes_{label}"] = {
+                    **measure(lambda: cv.decode_conv(ours, z, same_as_diffusers, memory_budget=budget), device, repeats),
+                    "tile_batch": stats.extra["tile_batch"]}
+            _, stats = cv.decode_conv(ours, z, same_as_diffusers)
+            row["ours_manual_diffusers_sizes"]["tile_batch"] = stats.extra["tile_batch"]
             _, stats = cv.decode_conv(ours, z, TilingRequest("auto"))
             row["ours_auto_plan"] = {"tiles": stats.tile_count, "plan": stats.extra["plan"]}
             baseline, _ = cv.decode_conv(ours, z, TilingRequest("off"))

@@ -11,6 +11,7 @@ diffusers groups it as `mid_block` + four `up_blocks`, each an upsampler followe
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -20,7 +21,8 @@ from diffusers.models.autoencoders.autoencoder_kl_ltx2 import LTX2VideoDecoder3d
 
 from . import tiny_common
 from .assets import Kind, expect_kind, read_state_dict
-from .conv_tiling import CostModel, TilePlan, TilingRequest, plan_tiles, spatial_pixels, temporal_pixels
+from .conv_tiling import (CostModel, TilePlan, TilingRequest, plan_tiles, spatial_pixels, temporal_pixels,
+                          tile_batch)
 from .decode_stats import DecodeStats
 from .errors import LTX25Error
 from .keymap import Drop, KeyMap, Rename, load_strict
@@ -226,8 +228,11 @@ def load_conv_vae(path: str, dtype: torch.dtype | None = None) -> ConvVideoVAE:
 def decode_plan(vae: ConvVideoVAE, latent_shape: tuple[int, ...], tiling: TilingRequest,
                 memory_budget: int | None) -> TilePlan:
     """The tiles `decode_conv` will use for a `[B, 128, F', H', W']` latent (batch items decode together)."""
-    cost = CostModel(vae.bytes_per_voxel() * latent_shape[0], 12.0 * latent_shape[0])
-    return plan_tiles(tuple(latent_shape[2:]), tiling, memory_budget, cost)
+    return plan_tiles(tuple(latent_shape[2:]), tiling, memory_budget, _cost(vae, latent_shape[0]))
+
+
+def _cost(vae: ConvVideoVAE, batch: int) -> CostModel:
+    return CostModel(vae.bytes_per_voxel() * batch, 12.0 * batch)
 
 
 def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest = TilingRequest(),
@@ -251,6 +256,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
     if memory_budget is None and device.type == "cuda":
         memory_budget = free_bytes(device)
     plan = decode_plan(vae, tuple(latent.shape), tiling, memory_budget)
+    stack = tile_batch(plan, _cost(vae, latent.shape[0]), memory_budget)
     weights_t, weights_h, weights_w = plan.axis_weights()
     batch, (frames, height, width) = latent.shape[0], plan.pixel_shape
     meter, done = start_meter(device), 0
@@ -258,24 +264,28 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
         z = denormalize_video(latent, vae.latents_mean, vae.latents_std, device).to(dtype)
         host = HostFrames((batch, frames, height, width, 3), prefault=device.type != "cpu")  # [B, F, H, W, 3]
         written = 0                                                                 # frames [0, written) hold data
+        spatial = list(itertools.product(enumerate(plan.rows), enumerate(plan.cols)))
         for ti, t_interval in enumerate(plan.frames):
             p0, p1 = temporal_pixels(t_interval)
             group = None
-            for ri, rows in enumerate(plan.rows):
-                for ci, cols in enumerate(plan.cols):
-                    tile = vae.decoder(z[:, :, t_interval[0]:t_interval[1], rows[0]:rows[1], cols[0]:cols[1]])
-                    rgb = tile.float().add_(1.0).mul_(0.5).clamp_(0.0, 1.0).permute(0, 2, 3, 4, 1)  # [B,f,h,w,3]
-                    if len(plan.rows) * len(plan.cols) == 1:
+            for first in range(0, len(spatial), stack):
+                chunk = spatial[first:first + stack]  # tiles of one shape, stacked on the batch axis
+                tiles = vae.decoder(torch.cat([z[:, :, t_interval[0]:t_interval[1], r0:r1, c0:c1]
+                                               for (_, (r0, r1)), (_, (c0, c1)) in chunk]))
+                rgb = tiles.float().add_(1.0).mul_(0.5).clamp_(0.0, 1.0).permute(0, 2, 3, 4, 1)  # [kB,f,h,w,3]
+                for j, ((ri, rows), (ci, cols)) in enumerate(chunk):
+                    if len(spatial) == 1:
                         group = rgb
                     else:
                         if group is None:
                             group = torch.zeros(batch, p1 - p0, height, width, 3, dtype=torch.float32, device=device)
                         (y0, y1), (x0, x1) = spatial_pixels(rows), spatial_pixels(cols)
                         blend = weights_h[ri].to(device).view(-1, 1, 1) * weights_w[ci].to(device).view(1, -1, 1)
-                        group[:, :, y0:y1, x0:x1].addcmul_(rgb, blend)
+                        group[:, :, y0:y1, x0:x1].addcmul_(rgb[j * batch:(j + 1) * batch], blend)
                     done += 1
                     if on_step is not None:
                         on_step(done, plan.count)
+                del tiles, rgb
             if len(plan.frames) > 1:
                 group.mul_(weights_t[ti].to(device).view(1, -1, 1, 1, 1))  # group is this tile's own buffer
             out = host.ready()
@@ -289,7 +299,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
     stats = DecodeStats("conv", seconds, peak, plan.count, tuple(plan.tile_pixel_sizes()), extra={
         "mode": tiling.mode, "plan": plan.reason, "latent_tiles": {"frames": plan.frames, "rows": plan.rows,
                                                                     "cols": plan.cols},
-        "estimate_bytes": plan.estimate_bytes, "memory_budget": memory_budget, "dtype": str(dtype).split(".")[-1]})
+        "estimate_bytes": plan.estimate_bytes, "memory_budget": memory_budget, "tile_batch": stack, "dtype": str(dtype).split(".")[-1]})
     return host.ready().view(batch * frames, height, width, 3), stats
 
 
