@@ -133,10 +133,19 @@ def measure(fn, device: torch.device, repeats: int) -> tuple[dict, object]:
             "peak_above_start_bytes": peak_above}, result
 
 
-def ours(vae, latent, device, repeats, flops_of, **kwargs) -> dict:
+def ours(vae, latent, device, repeats, flops_of, reference: dict | None = None, **kwargs) -> dict:
+    """One of our decodes; with `reference`, the first one's frames are kept there and later ones compared to them
+    (max and mean |Δ| of the [0, 1] frames: the processors' and fused passes' rounding differences)."""
     row, result = measure(lambda: dv.decode(vae, latent, **kwargs), device, repeats)
     if result is None:
         return row
+    if reference is not None:
+        frames = result[0].float()
+        if "frames" not in reference:
+            reference["frames"] = frames
+        else:
+            diff = (frames - reference["frames"]).abs()
+            row.update(max_abs_diff_vs_first=float(diff.max()), mean_abs_diff_vs_first=float(diff.mean()))
     stats = result[1]
     processor = kwargs.get("processor", "auto")
     processor = processor if isinstance(processor, na.NeighborhoodAttnProcessor) else \
@@ -206,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     weights = sum(t.numel() * t.element_size() for t in [*vae.parameters(), *vae.buffers()])
     budget = int(args.budget_gib * GiB) - weights
     if args.smoke:  # between the smallest tiles and one tile of the tiny long case: it must tile
-        geometry, shape = vae.config.geometry(), list(long_shapes.values())[-1]
+        geometry, shape = vae.config.geometry(), list(SMOKE_LONG.values())[-1]
         memory = dv.memory_model(vae, 1, na.SdpaNAProcessor())
         frames, pixels = (2 * o for o in geometry.min_overlap)
         budget = (memory.estimate(dt.build_schedule(geometry, shape, frames, pixels))
@@ -239,15 +248,17 @@ def main(argv: list[str] | None = None) -> int:
         latent = torch.randn(1, 128, *shape, generator=torch.Generator().manual_seed(0)).to(device, dtype)
         table = results["shapes"].setdefault(label, {})
         repeats = args.repeats if label == first else 1
+        reference: dict = {}  # the first processor's frames (sdpa: the reference the others are tested against)
         for processor in available:
-            record(table, f"ours_{processor}_off", ours(vae, latent, device, repeats, flops_of,
+            record(table, f"ours_{processor}_off", ours(vae, latent, device, repeats, flops_of, reference,
                                                         processor=processor, tiling_mode="off"))
         for block in filter(None, args.sdpa_blocks.split(";") if label == first else []):
             query_block = tuple(int(n) for n in block.split(","))
             record(table, f"ours_sdpa{query_block}_off", ours(vae, latent, device, repeats, flops_of,
                                                               processor=na.SdpaNAProcessor(query_block),
                                                               tiling_mode="off"))
-        record(table, "ours_auto_auto", ours(vae, latent, device, repeats, flops_of))
+        record(table, "ours_auto_auto", ours(vae, latent, device, repeats, flops_of, reference))
+        reference.clear()
         record(table, "ours_auto_budget", ours(vae, latent, device, repeats, flops_of, budget_bytes=budget))
         if not args.skip_diffusers and not (args.smoke and label != first):  # flex on the CPU: ~20 s each
             for tiled in (False, True):

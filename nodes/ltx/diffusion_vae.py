@@ -19,7 +19,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.models.autoencoders.ltx2_diffusion_decoder import LTX2VideoDiffusionDecoderModel
 
 from . import diffusion_tiling as tiling
-from . import na_attention
+from . import fused_block, na_attention
 from .assets import Kind, expect_kind, read_state_dict
 from .decode_stats import DecodeStats
 from .device_memory import free_bytes, start_meter
@@ -328,6 +328,7 @@ def decode(vae: DiffusionVAE, latent: torch.Tensor, *,
     proc = processor if isinstance(processor, na_attention.NeighborhoodAttnProcessor) else \
         na_attention.make_processor(processor, device)
     na_attention.install_processor(vae.model, proc)
+    fused_block.use_fused_blocks(vae.model, proc.fused_block)
     schedule = plan(vae, tuple(latent.shape[2:]), tiling_mode, tile_frames, tile_pixels, budget_bytes, latent.shape[0],
                     proc)
     run = _Decode(vae, schedule, schedule.tiles(), make_stage5_scheduler(scheduler_config), steps, seed, on_step)

@@ -232,9 +232,11 @@ def project_qkv(attn, hidden_states: torch.Tensor, fused: bool = False) -> tuple
 
 class NeighborhoodAttnProcessor:
     """Base: `project_qkv` → `na3d(q, k, v, kernel)` → `to_out`. Subclasses supply `na3d` and `name`;
-    `fused_projection` only where the Triton kernels are known to run, so the others stay a reference for them."""
+    `fused_projection` and `fused_block` only where the Triton kernels are known to run, so the others stay a
+    reference for them."""
     name = ""
     fused_projection = False
+    fused_block = False  # stage 5's blocks with fused norm·modulation and SwiGLU passes (fused_block.py)
 
     def scratch_bytes(self, element_bytes: int, cuda: bool) -> int:
         """Memory one call needs beyond its inputs and output (the tile planner adds it)."""
@@ -298,6 +300,7 @@ class ComfyKitchenNAProcessor(NeighborhoodAttnProcessor):
 class TritonNAProcessor(NeighborhoodAttnProcessor):
     name = "triton"
     fused_projection = True
+    fused_block = True
 
     def __init__(self, config: "na_triton.KernelConfig | None" = None) -> None:  # noqa: F821 - imported lazily
         from . import na_triton
