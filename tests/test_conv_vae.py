@@ -183,6 +183,19 @@ def test_tiling_is_exact_for_a_pointwise_decoder(pointwise, request_):
     assert torch.allclose(tiled, whole, atol=1e-5), float((tiled - whole).abs().max())
 
 
+def test_a_last_tile_shifted_back_blends_exactly(pointwise):
+    """Six latent frames in tiles of three overlapping by one: the last tile is shifted back to end at the clip's
+    end, so it overlaps its neighbour by more than the steady overlap the decode keeps on the device; the extra
+    frames go to the host and are added back. Still the untiled decode."""
+    z = _latent(1, 128, 6, 2, 3, seed=4)
+    request = TilingRequest("manual", 64, 0, 16, 0)
+    plan = cv.decode_plan(pointwise, tuple(z.shape), request, None)
+    assert plan.frames == ((0, 3), (2, 5), (3, 6)) and plan.carried_frames == 1
+    whole, _ = cv.decode_conv(pointwise, z, TilingRequest("off"))
+    tiled, _ = cv.decode_conv(pointwise, z, request)
+    assert torch.allclose(tiled, whole, atol=1e-5), float((tiled - whole).abs().max())
+
+
 def test_blend_removes_the_seam_overlap_zero_shows(vae):
     """Two tiles side by side. With no overlap the tiles meet in a seam: the error against the untiled decode jumps
     from column to column around the border (mean over frames, rows and colours). With an overlap the trapezoid

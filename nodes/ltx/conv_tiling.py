@@ -149,6 +149,7 @@ class TilePlan:
     cols: tuple[Interval, ...]
     reason: str
     estimate_bytes: int = 0
+    carried_frames: int = 0                       # overlap frames kept on the device from one group to the next
     weights: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -193,10 +194,14 @@ def _layout(latent_shape: tuple[int, int, int], temporal: tuple[int, int], spati
     f, h, w = latent_shape
     frames = axis_tiles(f, *temporal)
     rows, cols = axis_tiles(h, *spatial), axis_tiles(w, *spatial)
-    group_frames = max(t1 - t0 for t0, t1 in map(temporal_pixels, frames))
+    pixels = [temporal_pixels(t) for t in frames]
+    group_frames = max(t1 - t0 for t0, t1 in pixels)
+    # while a group is blended, the previous one's overlap with it waits on the device (decode_conv's carry): the
+    # steady overlap of `temporal[1]` latent frames; a last tile shifted back further reads its extra from the host
+    carried = TEMPORAL_SCALE * (temporal[1] - 1) + 1 if len(frames) > 1 else 0
     tile = (group_frames, max(b - a for a, b in rows) * SPATIAL_SCALE, max(b - a for a, b in cols) * SPATIAL_SCALE)
-    estimate = cost.tile_group_bytes(tile, (group_frames, h * SPATIAL_SCALE, w * SPATIAL_SCALE))
-    return TilePlan(latent_shape, frames, rows, cols, reason, estimate)
+    estimate = cost.tile_group_bytes(tile, (group_frames + carried, h * SPATIAL_SCALE, w * SPATIAL_SCALE))
+    return TilePlan(latent_shape, frames, rows, cols, reason, estimate, carried)
 
 
 def tile_batch(plan: TilePlan, cost: CostModel, memory_budget: int | None) -> int:

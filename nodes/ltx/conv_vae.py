@@ -243,8 +243,10 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
 
     The latent is un-normalized with the file's statistics, cut into the tiles of `decode_plan` (auto: untiled when
     the estimate fits `memory_budget`, bytes free on the decoder's device; None = ask CUDA, or ample on the CPU),
-    each tile decoded and (x+1)/2-clamped, the spatial tiles of one temporal tile blended on the device, and that
-    group streamed into the CPU output: host memory holds the output plus one group. `on_step(done, total)` runs
+    each tile decoded and (x+1)/2-clamped — the equal-shaped spatial tiles of one temporal tile stacked into batches
+    as memory allows (`tile_batch`) — and blended on the device; that group's finished frames are streamed into the
+    CPU output while its overlap with the next group stays on the device: host memory holds the output plus one
+    group. `on_step(done, total)` runs
     after every tile (progress; it raises to interrupt). `where` names the node in errors.
     """
     check_video_latent(latent, f"{where}.latent")
@@ -263,7 +265,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
     with torch.inference_mode():
         z = denormalize_video(latent, vae.latents_mean, vae.latents_std, device).to(dtype)
         host = HostFrames((batch, frames, height, width, 3), prefault=device.type != "cpu")  # [B, F, H, W, 3]
-        written = 0                                                                 # frames [0, written) hold data
+        carry, readback = None, 0       # the next group's partial first frames: on the device / count on the host
         spatial = list(itertools.product(enumerate(plan.rows), enumerate(plan.cols)))
         for ti, t_interval in enumerate(plan.frames):
             p0, p1 = temporal_pixels(t_interval)
@@ -289,11 +291,19 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
             if len(plan.frames) > 1:
                 group.mul_(weights_t[ti].to(device).view(1, -1, 1, 1, 1))  # group is this tile's own buffer
             out = host.ready()
-            overlap = max(0, min(written, p1) - p0)                                 # frames an earlier group wrote
-            if overlap:  # blended on the device: a read-back of these frames into fresh host memory stalled the GPU
-                group[:, :overlap] += out[:, p0:p0 + overlap].to(device)
-            out[:, p0:p1].copy_(group)
-            written = max(written, p1)
+            if readback:  # the earlier groups' share of this group's first frames: beyond the steady overlap ...
+                group[:, :readback] += out[:, p0:p0 + readback].to(device)
+            if carry is not None:  # ... from the host, the rest kept on the device
+                group[:, readback:readback + carry.shape[1]] += carry
+            # Frames no later tile touches are final; of the overlap with the next group (which lies inside it:
+            # tiles start and end in order) the last `carried_frames` stay on the device and any earlier ones (a
+            # last tile shifted back) go to the host and come back. Reading every overlap back cost a synchronous
+            # copy per group each way.
+            finished = (temporal_pixels(plan.frames[ti + 1])[0] if ti + 1 < len(plan.frames) else p1) - p0
+            kept = min(p1 - p0 - finished, plan.carried_frames)
+            readback = p1 - p0 - finished - kept
+            carry = group[:, p1 - p0 - kept:].clone() if kept else None
+            out[:, p0:p1 - kept].copy_(group[:, :p1 - p0 - kept])
             del group
     seconds, peak = meter()
     stats = DecodeStats("conv", seconds, peak, plan.count, tuple(plan.tile_pixel_sizes()), extra={
