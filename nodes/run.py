@@ -56,13 +56,17 @@ def _sources(node: Mapping[str, Any]) -> set[str]:
 def _pick(ready: list[str], prompt: Mapping[str, dict], classes: Mapping[str, type]) -> str:
     """ComfyUI's rule among ready nodes (`ux_friendly_pick_node`): an output or async node first, then one an output
     node waits on, else the first in dependency order. Where ComfyUI breaks ties by its pending-set order (which
-    follows Python's hash order of the output ids), this takes the node that feeds the most output nodes: the audio
-    decode that three saves wait on runs before the video decodes, so each save starts as soon as its frames exist."""
+    follows Python's hash order of the output ids), this takes an async node before a plain output node (its task
+    then runs beside it) and, among the rest, the node that feeds the most output nodes: the audio decode that
+    three saves wait on runs before the video decodes, so each save starts as soon as its frames exist."""
     def is_output(node_id: str) -> bool:
         return bool(getattr(classes[prompt[node_id]["class_type"]], "OUTPUT_NODE", False))
 
     for node_id in ready:
-        if is_output(node_id) or is_async(classes[prompt[node_id]["class_type"]]):
+        if is_async(classes[prompt[node_id]["class_type"]]):
+            return node_id
+    for node_id in ready:
+        if is_output(node_id):
             return node_id
     fed = {node_id: sum(node_id in _sources(prompt[o]) for o in prompt if is_output(o)) for node_id in ready}
     return max(ready, key=lambda node_id: fed[node_id])  # max keeps the first of equals

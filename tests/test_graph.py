@@ -177,3 +177,15 @@ def test_a_failing_async_node_fails_the_run():
     broken["9"]["inputs"]["fail"] = True
     with pytest.raises(RuntimeError, match="save of 8 failed"):
         run.execute(broken, ASYNC_CLASSES)
+
+
+def test_a_ready_async_node_starts_before_a_ready_plain_output_node():
+    """Both a plain output node (7) and an async one (8) wait on node 1: the async one is started first, so its
+    task runs while the plain one executes (id order alone would run 7 first and start the save after it)."""
+    SlowSave.events = []
+    classes = {**ASYNC_CLASSES, "Show": Show}
+    prompt = {"1": ASYNC_API["1"], "7": {"class_type": "Show", "inputs": {"number": ["1", 0]}},
+              "8": ASYNC_API["8"]}
+    run.execute(prompt, classes, on_start=lambda node_id: SlowSave.events.append(("start", node_id)))
+    starts = [e[1] for e in SlowSave.events if e[0] == "start"]
+    assert starts == ["1", "8", "7"], SlowSave.events
