@@ -1,6 +1,8 @@
 """The decoder A/B node: the same latents decoded by both video VAEs, side by side, with a JSON report."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from . import comfy_bridge as bridge
 from .ltx.image_compare import (check_comparable, compare_report, preview_frame_indices, report_json,
                                 save_preview_frames, side_by_side)
@@ -32,17 +34,21 @@ class LTX25DecoderCompare:
 
     def compare(self, images_a, images_b, label_a, label_b, layout, resize_b, stats_a=None, stats_b=None):
         images_b = check_comparable(images_a, images_b, resize_b)
-        report = compare_report(images_a, images_b, (label_a, label_b), {"a": stats_a, "b": stats_b},
-                                bridge.compute_device())
-        text = report_json(report)
         folder, picks = bridge.temp_dir(), preview_frame_indices(images_a.shape[0])
-        frames = {side: [{"filename": name, "subfolder": "", "type": "temp"}
-                         for name in save_preview_frames(images, folder, f"ltx25_ab_{side}", picks)]
-                  for side, images in (("a", images_a), ("b", images_b))}
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ltx25-previews") as pool:
+            # the preview PNGs are written while the metrics run on the GPU and the canvas is built
+            previews = {side: pool.submit(save_preview_frames, images, folder, f"ltx25_ab_{side}", picks)
+                        for side, images in (("a", images_a), ("b", images_b))}
+            report = compare_report(images_a, images_b, (label_a, label_b), {"a": stats_a, "b": stats_b},
+                                    bridge.compute_device())
+            canvas = side_by_side(images_a, images_b, label_a, label_b, layout)
+            frames = {side: [{"filename": name, "subfolder": "", "type": "temp"} for name in future.result()]
+                      for side, future in previews.items()}
+        text = report_json(report)
         viewer = {"frames_a": frames["a"], "frames_b": frames["b"], "frame_indices": picks,
                   "label_a": label_a, "label_b": label_b}
         return {"ui": {"text": [text], "ltx25_report": [report], "ltx25_ab": [viewer]},
-                "result": (side_by_side(images_a, images_b, label_a, label_b, layout), text)}
+                "result": (canvas, text)}
 
 
 NODE_CLASS_MAPPINGS = {"LTX25DecoderCompare": LTX25DecoderCompare}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Mapping
@@ -74,6 +76,16 @@ def _rgb24(frame: torch.Tensor) -> np.ndarray:
     return scaled.clamp_(0, 255).round_().to(torch.uint8).numpy()
 
 
+CONVERT_AHEAD = 4  # frames converted ahead of the encoder (each a few MB)
+
+
+def _picture(frame: torch.Tensor, index: int) -> av.VideoFrame:
+    with torch.inference_mode(frame.is_inference()):  # a worker thread: inference mode is per thread
+        picture = av.VideoFrame.from_ndarray(_rgb24(frame), format="rgb24").reformat(format="yuv420p")
+    picture.pts = index
+    return picture
+
+
 # x264's "veryfast" at crf 17: measured (bench notes in docs/PERFORMANCE.md) 3× faster than the default "medium" on
 # noise-like frames (2.1 vs 6.5 s for 121 frames at 768×512, 2 cores) and 1.3× on smooth ones; the crf keeps the
 # quality, the files grow a little.
@@ -86,7 +98,7 @@ def write_mp4(path: str, frames: torch.Tensor, fps: float, audio: torch.Tensor |
     """Frames `[F, H, W, 3]` float in [0, 1] (+ optional audio `[C, S]` float in [−1, 1], C = 1 or 2) → H.264/AAC mp4.
 
     `metadata` values are stored as container tags (any key, through `movflags=use_metadata_tags`). The audio is
-    fitted to F/fps seconds. Frames are converted one at a time, so memory stays at one uint8 frame."""
+    fitted to F/fps seconds. Frames are converted a few at a time (`CONVERT_AHEAD`), so memory stays small."""
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] < 1:
         raise LTX25Error("images", "the image batch shape", list(frames.shape), "[F, H, W, 3] with F ≥ 1")
     if not fps > 0:
@@ -106,10 +118,17 @@ def write_mp4(path: str, frames: torch.Tensor, fps: float, audio: torch.Tensor |
             if audio.ndim != 2 or audio.shape[0] not in (1, 2):
                 raise LTX25Error("audio", "the waveform shape", list(audio.shape), "[C, S] with C = 1 or 2")
             sound = container.add_stream("aac", rate=sample_rate, layout="stereo" if audio.shape[0] == 2 else "mono")
-        for index in range(frames.shape[0]):
-            picture = av.VideoFrame.from_ndarray(_rgb24(frames[index]), format="rgb24")
-            picture.pts = index
-            container.mux(video.encode(picture))
+        # Frames are converted (float → uint8 RGB → yuv420p) on a helper thread a few frames ahead of the encoder:
+        # in the calling thread that conversion ran between x264's (multi-threaded) frame encodes, with the
+        # encoder's threads idle.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ltx25-frames") as converter:
+            ahead: deque = deque()
+            for index in range(frames.shape[0]):
+                ahead.append(converter.submit(_picture, frames[index], index))
+                if len(ahead) > CONVERT_AHEAD:
+                    container.mux(video.encode(ahead.popleft().result()))
+            while ahead:
+                container.mux(video.encode(ahead.popleft().result()))
         container.mux(video.encode(None))
         if sound is not None:
             samples = fit_audio(audio.float().cpu(), round(frames.shape[0] / float(rate) * sample_rate)).numpy()
