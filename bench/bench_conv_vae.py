@@ -179,8 +179,20 @@ def main(argv=None) -> int:
                 row[f"ours_manual_diffusers_sizes_{label}"] = {
                     **measure(lambda: cv.decode_conv(ours, z, same_as_diffusers, memory_budget=budget), device, repeats),
                     "tile_batch": stats.extra["tile_batch"]}
-            _, stats = cv.decode_conv(ours, z, same_as_diffusers)
+            streamed, stats = cv.decode_conv(ours, z, same_as_diffusers)
             row["ours_manual_diffusers_sizes"]["tile_batch"] = stats.extra["tile_batch"]
+            # the same decode with plain blocking copies to host memory: time, and that the frames are identical
+            cv.STREAM_TO_HOST = False
+            try:
+                blocking, _ = cv.decode_conv(ours, z, same_as_diffusers)
+                row["ours_manual_diffusers_sizes_blocking_copy"] = {
+                    **measure(lambda: cv.decode_conv(ours, z, same_as_diffusers), device, repeats),
+                    "max_abs_diff_vs_streamed": float((blocking - streamed).abs().max())}
+                row["ours_off_blocking_copy"] = measure(lambda: cv.decode_conv(ours, z, TilingRequest("off")), device,
+                                                        repeats)
+            finally:
+                cv.STREAM_TO_HOST = True
+            del streamed, blocking
             _, stats = cv.decode_conv(ours, z, TilingRequest("auto"))
             row["ours_auto_plan"] = {"tiles": stats.tile_count, "plan": stats.extra["plan"]}
             baseline, _ = cv.decode_conv(ours, z, TilingRequest("off"))

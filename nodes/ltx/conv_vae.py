@@ -11,6 +11,7 @@ diffusers groups it as `mid_block` + four `up_blocks`, each an upsampler followe
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from .errors import LTX25Error
 from .keymap import Drop, KeyMap, Rename, load_strict
 from .latents import check_video_latent, denormalize_video
 from .device_memory import free_bytes, start_meter
-from .host_frames import HostFrames
+from .host_frames import DeviceToHost, HostFrames
 
 LATENT_CHANNELS = 128
 UPSAMPLER_KINDS = {"compress_all": "spatiotemporal", "compress_time": "temporal", "compress_space": "spatial"}
@@ -235,6 +236,9 @@ def _cost(vae: ConvVideoVAE, batch: int) -> CostModel:
     return CostModel(vae.bytes_per_voxel() * batch, 12.0 * batch)
 
 
+STREAM_TO_HOST = True  # finished frames leave through host_frames.DeviceToHost (bench/bench_conv_vae.py compares)
+
+
 def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest = TilingRequest(),
                 memory_budget: int | None = None, on_step: Callable[[int, int], None] | None = None,
                 where: str = "decode_conv") -> tuple[torch.Tensor, DecodeStats]:
@@ -245,9 +249,9 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
     the estimate fits `memory_budget`, bytes free on the decoder's device; None = ask CUDA, or ample on the CPU),
     each tile decoded and (x+1)/2-clamped — the equal-shaped spatial tiles of one temporal tile stacked into batches
     as memory allows (`tile_batch`) — and blended on the device; that group's finished frames are streamed into the
-    CPU output while its overlap with the next group stays on the device: host memory holds the output plus one
-    group. `on_step(done, total)` runs
-    after every tile (progress; it raises to interrupt). `where` names the node in errors.
+    CPU output (on CUDA through `DeviceToHost`, without stalling the next tile) while its overlap with the next
+    group stays on the device: host memory holds the output plus one group. `on_step(done, total)` runs after every
+    tile (progress; it raises to interrupt). `where` names the node in errors.
     """
     check_video_latent(latent, f"{where}.latent")
     problem = tiling.problem()
@@ -262,7 +266,11 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
     weights_t, weights_h, weights_w = plan.axis_weights()
     batch, (frames, height, width) = latent.shape[0], plan.pixel_shape
     meter, done = start_meter(device), 0
-    with torch.inference_mode():
+    to_host = DeviceToHost(device) if device.type == "cuda" and STREAM_TO_HOST else None
+    emit = to_host.copy if to_host is not None else (lambda dst, src: dst.copy_(src))
+    with torch.inference_mode(), contextlib.ExitStack() as cleanup:
+        if to_host is not None:
+            cleanup.callback(to_host.finish)
         z = denormalize_video(latent, vae.latents_mean, vae.latents_std, device).to(dtype)
         host = HostFrames((batch, frames, height, width, 3), prefault=device.type != "cpu")  # [B, F, H, W, 3]
         carry, readback = None, 0       # the next group's partial first frames: on the device / count on the host
@@ -292,6 +300,8 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
                 group.mul_(weights_t[ti].to(device).view(1, -1, 1, 1, 1))  # group is this tile's own buffer
             out = host.ready()
             if readback:  # the earlier groups' share of this group's first frames: beyond the steady overlap ...
+                if to_host is not None:
+                    to_host.finish_moves()
                 group[:, :readback] += out[:, p0:p0 + readback].to(device)
             if carry is not None:  # ... from the host, the rest kept on the device
                 group[:, readback:readback + carry.shape[1]] += carry
@@ -303,7 +313,8 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
             kept = min(p1 - p0 - finished, plan.carried_frames)
             readback = p1 - p0 - finished - kept
             carry = group[:, p1 - p0 - kept:].clone() if kept else None
-            out[:, p0:p1 - kept].copy_(group[:, :p1 - p0 - kept])
+            for item in range(batch):
+                emit(out[item, p0:p1 - kept], group[item, :p1 - p0 - kept])
             del group
     seconds, peak = meter()
     stats = DecodeStats("conv", seconds, peak, plan.count, tuple(plan.tile_pixel_sizes()), extra={

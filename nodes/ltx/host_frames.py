@@ -9,6 +9,7 @@ faster still, but torch's pinned allocator rounds blocks up to a power of two an
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -41,3 +42,69 @@ class HostFrames:
         if self._error is not None:
             raise self._error
         return self._tensor
+
+
+class DeviceToHost:
+    """Copies device tensors into host tensors without holding up the device's queue.
+
+    A plain `host.copy_(device_tensor)` into pageable memory waits for the device to drain, copies through the
+    driver's staging, and only then lets the next kernels be queued. Here each piece is copied in chunks of at most
+    `chunk_bytes` into one of two pinned staging buffers on a side stream, and a worker thread moves it into place
+    once that copy is done, while the device goes on with the next tile. The two buffers are kept for the process
+    (2 × 64 MiB pinned): pinning fresh memory per decode costs more than the copies it speeds up.
+    """
+
+    _staging: dict = {}  # device → two pinned byte buffers
+
+    def __init__(self, device: torch.device, chunk_bytes: int = 64 << 20) -> None:
+        self.device, self.chunk_bytes = device, chunk_bytes
+        if device not in self._staging:
+            self._staging[device] = [torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+        self.buffers = self._staging[device]
+        self.stream = torch.cuda.Stream(device)
+        self.mover = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ltx25-to-host")
+        self.moves: list = [None, None]  # the pending move out of each buffer
+        self.turn = 0
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """`dst.copy_(src)`, later: `dst` (host, contiguous along its first axis) must not be read before
+        `finish()`; `src` may be freed right away."""
+        per_row = src[0].numel() * src.element_size() if src.shape[0] else 1
+        step = max(1, self.chunk_bytes // per_row)
+        if step * per_row > self.chunk_bytes:  # one row is larger than a buffer: copy it directly
+            self.finish_moves()
+            dst.copy_(src)
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        for start in range(0, src.shape[0], step):
+            part = src[start:start + step]
+            buffer = self.buffers[self.turn]
+            if self.moves[self.turn] is not None:
+                self.moves[self.turn].result()                      # its previous chunk has left it
+            staged = buffer[:part.numel() * part.element_size()].view(part.dtype).view(part.shape)
+            with torch.cuda.stream(self.stream):
+                staged.copy_(part, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(self.stream)
+            self.moves[self.turn] = self.mover.submit(_move, done, staged, dst[start:start + step])
+            self.turn = 1 - self.turn
+        src.record_stream(self.stream)  # its memory is not reused before the side stream has read it
+
+    def finish_moves(self) -> None:
+        for i, move in enumerate(self.moves):
+            if move is not None:
+                move.result()
+                self.moves[i] = None
+
+    def finish(self) -> None:
+        """Wait for every copy (re-raising a failed one) and release the worker."""
+        try:
+            self.finish_moves()
+        finally:
+            self.mover.shutdown(wait=True)
+
+
+def _move(done: "torch.cuda.Event", staged: torch.Tensor, dst: torch.Tensor) -> None:
+    done.synchronize()
+    with torch.inference_mode(dst.is_inference()):
+        dst.copy_(staged)
