@@ -96,3 +96,13 @@ def test_short_videos_preview_every_frame_and_long_ones_a_spread():
 def test_equal_labels_are_refused():
     with pytest.raises(LTX25Error, match="label_b"):
         run(frames(), frames(1), label_a="x", label_b="x")
+
+
+def test_canvas_made_on_a_worker_thread_keeps_the_callers_inference_mode():
+    """The canvas is built on a worker thread; inside ComfyUI's executor (inference mode) it must still come back
+    an inference tensor, as every other node output does, and a plain tensor outside it."""
+    with torch.inference_mode():
+        canvas, _ = run(frames(), frames(1))
+    assert canvas.is_inference()
+    canvas, _ = run(frames(), frames(1))
+    assert not canvas.is_inference()
