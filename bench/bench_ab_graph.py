@@ -197,7 +197,8 @@ def run_graph(prompt: dict, preset: dict, device: torch.device, heavy: dict,
         if cuda:
             free, total = torch.cuda.mem_get_info(device)
             row.update(peak_gib=torch.cuda.max_memory_allocated(device) / GiB,
-                       alloc_end_gib=torch.cuda.memory_allocated(device) / GiB, driver_used_end_gib=(total - free) / GiB)
+                       alloc_end_gib=torch.cuda.memory_allocated(device) / GiB,
+                       driver_used_end_gib=(total - free) / GiB)
         row["on_gpu_end"] = _residency(heavy)
         if isinstance(result, dict) and prompt[node_id]["class_type"] == "LTX25DiffusionVAEDecode":
             row["decode_stats"] = result.get("ui", {}).get("ltx25_decode_stats")

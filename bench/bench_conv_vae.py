@@ -177,7 +177,8 @@ def main(argv=None) -> int:
             for label, budget in budgets.items():
                 _, stats = cv.decode_conv(ours, z, same_as_diffusers, memory_budget=budget)
                 row[f"ours_manual_diffusers_sizes_{label}"] = {
-                    **measure(lambda: cv.decode_conv(ours, z, same_as_diffusers, memory_budget=budget), device, repeats),
+                    **measure(lambda: cv.decode_conv(ours, z, same_as_diffusers, memory_budget=budget), device,
+                              repeats),
                     "tile_batch": stats.extra["tile_batch"]}
             streamed, stats = cv.decode_conv(ours, z, same_as_diffusers)
             row["ours_manual_diffusers_sizes"]["tile_batch"] = stats.extra["tile_batch"]

@@ -50,7 +50,8 @@ def is_async(node_class: type) -> bool:
 
 
 def _sources(node: Mapping[str, Any]) -> set[str]:
-    return {v[0] for v in node.get("inputs", {}).values() if isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)}
+    return {value[0] for value in node.get("inputs", {}).values()
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)}
 
 
 def _pick(ready: list[str], prompt: Mapping[str, dict], classes: Mapping[str, type]) -> str:
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         prompt = load_prompt(args.workflow)
         apply_overrides(prompt, args.overrides)
         result = execute(prompt)
-    except (GraphError, LTX25Error) as e:  # the node that failed is the last "[run]" line above
+    except (GraphError, LTX25Error) as e:  # the failing node: the last "[run]" line above, or "[run] N failed"
         print(f"error: {e}", file=sys.stderr)
         return 2
     summary = {"ui": result["ui"], "seconds": result["seconds"], "wall_s": result["wall_s"]}

@@ -320,7 +320,8 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
     stats = DecodeStats("conv", seconds, peak, plan.count, tuple(plan.tile_pixel_sizes()), extra={
         "mode": tiling.mode, "plan": plan.reason, "latent_tiles": {"frames": plan.frames, "rows": plan.rows,
                                                                     "cols": plan.cols},
-        "estimate_bytes": plan.estimate_bytes, "memory_budget": memory_budget, "tile_batch": stack, "dtype": str(dtype).split(".")[-1]})
+        "estimate_bytes": plan.estimate_bytes, "memory_budget": memory_budget, "tile_batch": stack,
+        "dtype": str(dtype).split(".")[-1]})
     return host.ready().view(batch * frames, height, width, 3), stats
 
 

@@ -54,13 +54,17 @@ class DeviceToHost:
     (2 × 64 MiB pinned): pinning fresh memory per decode costs more than the copies it speeds up.
     """
 
-    _staging: dict = {}  # device → two pinned byte buffers
+    _staging: dict = {}  # (device, chunk bytes) → (lock, two pinned byte buffers)
 
     def __init__(self, device: torch.device, chunk_bytes: int = 64 << 20) -> None:
         self.device, self.chunk_bytes = device, chunk_bytes
-        if device not in self._staging:
-            self._staging[device] = [torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
-        self.buffers = self._staging[device]
+        key = (device, chunk_bytes)
+        if key not in self._staging:
+            self._staging[key] = (threading.Lock(), [_pinned(chunk_bytes), _pinned(chunk_bytes)])
+        lock, buffers = self._staging[key]
+        # a second decode running at the same time (another thread) gets buffers of its own, freed after it
+        self._lock = lock if lock.acquire(blocking=False) else None
+        self.buffers = buffers if self._lock is not None else [_pinned(chunk_bytes), _pinned(chunk_bytes)]
         self.stream = torch.cuda.Stream(device)
         self.mover = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ltx25-to-host")
         self.moves: list = [None, None]  # the pending move out of each buffer
@@ -102,6 +106,13 @@ class DeviceToHost:
             self.finish_moves()
         finally:
             self.mover.shutdown(wait=True)
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+
+def _pinned(size: int) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.uint8, pin_memory=True)
 
 
 def _move(done: "torch.cuda.Event", staged: torch.Tensor, dst: torch.Tensor) -> None:
