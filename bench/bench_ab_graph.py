@@ -16,7 +16,8 @@ load/offload hooks run as usual). Every other node runs unchanged, in the workfl
 The graph runs through the headless runner's executor, which (like ComfyUI's) starts ready output nodes first and
 runs async nodes — the three saves, whose H.264 encodes run on worker threads — as tasks while later nodes go on;
 end to end is the wall time of the whole run. Per node: seconds from start to end and those offsets in the run
-(CUDA-synchronized), peak allocated memory (reset before each node), allocated before/after, the
+(CUDA-synchronized; a save ends when the runner collects its finished task, between plain nodes, as ComfyUI's loop
+does), peak allocated memory (reset before each node), allocated before/after, the
 driver's used memory, and which heavy modules sit on the GPU at the node's start and end (the standalone bridge evicts
 only on memory pressure: on an H200 everything fits, and that is reported as is; `--card-gib 80 --offload-first`
 holds a filler allocation so only 80 GiB are usable, to watch the evictions). Run 1 is cold (it includes the
@@ -205,7 +206,8 @@ def run_graph(prompt: dict, preset: dict, device: torch.device, heavy: dict,
         print(f"[bench] {node_id:>3} {row['node']:<36} {row['s']:8.3f} s  (ends at {row['t_end']:.3f} s)",
               file=sys.stderr, flush=True)
 
-    result = run_execute(prompt, NODE_CLASS_MAPPINGS, preset=preset, on_start=on_start, on_end=on_end)
+    result = run_execute(prompt, NODE_CLASS_MAPPINGS, preset=preset, on_start=on_start, on_end=on_end,
+                         targets=only or None)
     return rows, result["outputs"], result["wall_s"]
 
 

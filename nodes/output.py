@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 
@@ -38,7 +39,9 @@ class LTX25SaveVideo:
 
     async def save(self, images, fps, filename_prefix, audio=None, metadata="", prompt=None, extra_pnginfo=None):
         """A coroutine, so ComfyUI's executor runs the CPU-bound encode on a worker thread while the next nodes (the
-        other decoder, the compare) use the GPU. The file name is reserved first; a failed encode removes it."""
+        other decoder, the compare) use the GPU. The file name is reserved first; a failed encode removes it. If the
+        run is stopped meanwhile (a later node fails, or the user cancels), the thread still finishes its file:
+        asyncio waits for it, and a complete video is kept rather than cut off or deleted."""
         from .ltx.video_io import output_path, run_metadata
         tags = run_metadata(metadata)
         if prompt is not None:       # like ComfyUI's own savers: the graph travels with the file
@@ -48,11 +51,7 @@ class LTX25SaveVideo:
         rate = int(audio["sample_rate"]) if isinstance(audio, dict) and "sample_rate" in audio else 48000
         waveform = _one_track(audio, images.shape[0], fps, rate)
         path, subfolder, filename = output_path(bridge.output_dir(), filename_prefix)
-        try:
-            await asyncio.to_thread(_encode, path, images, fps, waveform, rate, tags)
-        except BaseException:
-            os.remove(path)
-            raise
+        await asyncio.to_thread(_encode, path, images, fps, waveform, rate, tags)
         preview = {"filename": filename, "subfolder": subfolder, "type": "output", "format": "video/mp4"}
         return {"ui": {"images": [preview], "animated": (True,)}, "result": (path,)}
 
@@ -60,8 +59,13 @@ class LTX25SaveVideo:
 def _encode(path: str, images: torch.Tensor, fps: float, waveform: torch.Tensor | None, rate: int,
             tags: dict[str, str]) -> None:
     from .ltx.video_io import write_mp4
-    with torch.inference_mode():  # thread-local: the worker thread does not inherit the executor's mode
-        write_mp4(path, images, fps, waveform, rate, tags)
+    try:
+        with torch.inference_mode():  # thread-local: the worker thread does not inherit the executor's mode
+            write_mp4(path, images, fps, waveform, rate, tags)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        raise
 
 
 def _one_track(audio: dict | None, frames: int, fps: float, sample_rate: int) -> torch.Tensor | None:

@@ -14,7 +14,7 @@ import inspect
 import json
 import sys
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -73,32 +73,52 @@ def _pick(ready: list[str], prompt: Mapping[str, dict], classes: Mapping[str, ty
     return max(ready, key=lambda node_id: fed[node_id])  # max keeps the first of equals
 
 
+def needed(prompt: Mapping[str, dict], classes: Mapping[str, type], targets: Iterable[str] | None = None) -> set[str]:
+    """The nodes a run executes: `targets` (default: the output nodes, as ComfyUI) and every node they depend on."""
+    if targets is None:
+        targets = [n for n, node in prompt.items() if getattr(classes[node["class_type"]], "OUTPUT_NODE", False)]
+        if not targets:
+            raise GraphError("-", "prompt", None, "has no output node (ComfyUI refuses such a prompt)")
+    seen: set[str] = set()
+    stack = list(targets)
+    while stack:
+        node_id = stack.pop()
+        if node_id not in seen:
+            seen.add(node_id)
+            stack.extend(_sources(prompt[node_id]))
+    return seen
+
+
 def execute(prompt: Mapping[str, dict], classes: Mapping[str, type] | None = None,
             preset: Mapping[str, tuple] | None = None, on_start: Callable[[str], None] | None = None,
-            on_end: Callable[[str, Any, float], None] | None = None) -> dict[str, Any]:
-    """Validate, then run the nodes inside inference mode the way ComfyUI's executor does: one at a time in
-    dependency order, ready output/async nodes first, async nodes (the saves) as tasks that run on while later nodes
-    go on. `preset` gives outputs of nodes not to run (a benchmark's prebuilt loaders); `on_start(node_id)` and
-    `on_end(node_id, raw result, seconds)` watch each node (an async node ends when its task does).
+            on_end: Callable[[str, Any, float], None] | None = None,
+            targets: Iterable[str] | None = None) -> dict[str, Any]:
+    """Validate, then run the nodes inside inference mode the way ComfyUI's executor does: the output nodes (or
+    `targets`) and what they depend on, one at a time in dependency order, ready async/output nodes first, async
+    nodes (the saves) as tasks that run on while later nodes go on. `preset` gives outputs of nodes not to run (a
+    benchmark's prebuilt loaders); `on_start(node_id)` and `on_end(node_id, raw result, seconds)` watch each node
+    (an async node ends when the runner collects its finished task: the event loop, like ComfyUI's, resumes it
+    only between plain nodes, so its seconds may include the end of the plain node that ran beside it).
     Returns {"outputs": {node_id: output tuple}, "ui": {node_id: ui dict}, "seconds": {node_id: s}, "wall_s": s}."""
     classes = classes or NODE_CLASS_MAPPINGS
     validate(prompt, classes)
     start = time.perf_counter()
     with torch.inference_mode():
-        result = asyncio.run(_execute(prompt, classes, dict(preset or {}), on_start, on_end))
+        result = asyncio.run(_execute(prompt, classes, dict(preset or {}), on_start, on_end,
+                                      needed(prompt, classes, targets)))
     result["wall_s"] = time.perf_counter() - start
     return result
 
 
-async def _execute(prompt, classes, preset, on_start, on_end) -> dict[str, Any]:
+async def _execute(prompt, classes, preset, on_start, on_end, run: set[str]) -> dict[str, Any]:
     outputs: dict[str, tuple] = dict(preset)
     ui: dict[str, dict] = {}
     seconds: dict[str, float] = {}
-    waiting = [n for n in execution_order(prompt) if n not in preset]
+    waiting = [n for n in execution_order(prompt) if n in run and n not in preset]
     running: dict[asyncio.Task, tuple[str, float]] = {}
 
-    def finish(node_id: str, result: Any, started: float) -> None:
-        seconds[node_id] = time.perf_counter() - started
+    def finish(node_id: str, result: Any, started: float, ended: float) -> None:
+        seconds[node_id] = ended - started
         if on_end is not None:
             on_end(node_id, result, seconds[node_id])
         if isinstance(result, dict):
@@ -113,7 +133,7 @@ async def _execute(prompt, classes, preset, on_start, on_end) -> dict[str, Any]:
         for task in done:
             node_id, started = running.pop(task)
             try:
-                finish(node_id, task.result(), started)
+                finish(node_id, task.result(), started, time.perf_counter())
             except BaseException:
                 for other in running:  # the graph stops at its first failure, as ComfyUI's does
                     other.cancel()
@@ -141,7 +161,7 @@ async def _execute(prompt, classes, preset, on_start, on_end) -> dict[str, Any]:
             running[asyncio.ensure_future(call)] = (node_id, started)
             await asyncio.sleep(0)  # let it start (as ComfyUI does) before the next node takes the thread
         else:
-            finish(node_id, call, started)
+            finish(node_id, call, started, time.perf_counter())
     return {"outputs": outputs, "ui": ui, "seconds": seconds}
 
 

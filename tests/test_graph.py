@@ -148,12 +148,13 @@ class Work:
         return (number + 1,)
 
 
-ASYNC_CLASSES = {"MakeNumber": MakeNumber, "SlowSave": SlowSave, "Work": Work}
-# 1 → 2 (work) → 3 (work); saves of 1's and 2's numbers; the saves' ids sort last, so plain dependency order would
-# run both works first and the saves at the end.
+ASYNC_CLASSES = {"MakeNumber": MakeNumber, "SlowSave": SlowSave, "Work": Work, "Show": Show}
+# 1 → 2 (work) → 3 (work) → 4 (show); saves of 1's and 2's numbers; the saves' ids sort last, so plain dependency
+# order would run both works first and the saves at the end.
 ASYNC_API = {"1": {"class_type": "MakeNumber", "inputs": {"value": 3, "seed": 4, "mode": "add"}},
              "2": {"class_type": "Work", "inputs": {"number": ["1", 0]}},
              "3": {"class_type": "Work", "inputs": {"number": ["2", 0]}},
+             "4": {"class_type": "Show", "inputs": {"number": ["3", 0]}},
              "8": {"class_type": "SlowSave", "inputs": {"number": ["1", 0], "fail": False}},
              "9": {"class_type": "SlowSave", "inputs": {"number": ["2", 0], "fail": False}}}
 
@@ -169,6 +170,19 @@ def test_async_output_nodes_start_first_and_run_while_later_nodes_go_on():
     assert events[3] == ("work", 8) and {e for e in events[4:]} == {("save ends", 7), ("save ends", 8)}, events
     assert result["ui"]["8"] == {"saved": [7]} and result["ui"]["9"] == {"saved": [8]}
     assert result["wall_s"] < 0.55 < result["seconds"]["8"] + result["seconds"]["9"]  # 0.3 s each, overlapped
+
+
+def test_only_output_nodes_and_their_inputs_run():
+    """As in ComfyUI: a node no output depends on is not run (here one that would fail), and a prompt without an
+    output node is refused."""
+    class Broken(Work):
+        def work(self, number):
+            raise RuntimeError("an unconnected node ran")
+
+    prompt = {**API, "7": {"class_type": "Broken", "inputs": {"number": ["1", 0]}}}
+    assert run.execute(prompt, {**CLASSES, "Broken": Broken})["outputs"]["2"] == ("12!",)
+    with pytest.raises(GraphError, match="no output node"):
+        run.execute({"1": API["1"]}, CLASSES)
 
 
 def test_a_failing_async_node_fails_the_run():

@@ -177,3 +177,21 @@ def test_colours_come_back_from_the_file(output_dir):
         got = decoded[index][8:-8, 8:-8].reshape(-1, 3).mean(0)
         assert (got - colour).abs().max() < 3 / 255, (index, got, colour)
     assert (decoded[8][16, 4:-4] - ramp[0, 16, 4:-4]).abs().max() < 3 / 255
+
+
+def test_a_cancelled_run_keeps_the_video_being_saved(output_dir):
+    """When the run stops while a save encodes (a later node failed, the user cancelled: the executor's
+    `asyncio.run` cancels pending tasks), the encoding thread cannot be stopped; it finishes and its complete file
+    stays — neither deleted nor cut off."""
+    async def run_then_fail():
+        asyncio.ensure_future(LTX25SaveVideo().save(_frames(97, 128, 128), 24.0, "stopped"))
+        path = output_dir / "stopped_00001_.mp4"
+        while not path.exists() or path.stat().st_size == 0:  # until the encoder has written its first packets
+            await asyncio.sleep(0.005)
+        raise RuntimeError("a later node failed")
+
+    with pytest.raises(RuntimeError, match="later node failed"):
+        asyncio.run(run_then_fail())
+    saved = list(output_dir.iterdir())
+    assert [p.name for p in saved] == ["stopped_00001_.mp4"]
+    assert video_io.probe_mp4(str(saved[0])).frames == 97

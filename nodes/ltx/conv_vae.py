@@ -236,12 +236,13 @@ def _cost(vae: ConvVideoVAE, batch: int) -> CostModel:
     return CostModel(vae.bytes_per_voxel() * batch, 12.0 * batch)
 
 
+READBACK_FRAMES = 8   # frames per piece when a shifted last tile's overlap comes back from host memory
 STREAM_TO_HOST = True  # finished frames leave through host_frames.DeviceToHost (bench/bench_conv_vae.py compares)
 
 
 def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest = TilingRequest(),
                 memory_budget: int | None = None, on_step: Callable[[int, int], None] | None = None,
-                where: str = "decode_conv") -> tuple[torch.Tensor, DecodeStats]:
+                where: str = "decode_conv", stack_tiles: bool | None = None) -> tuple[torch.Tensor, DecodeStats]:
     """Normalized latent `[B, 128, F', H', W']` → frames `[B·F, H, W, 3]` float32 in [0, 1] on the CPU, with
     F = 8(F'−1)+1, H = 32H', W = 32W'; and the `DecodeStats` (decoder "conv").
 
@@ -249,9 +250,10 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
     the estimate fits `memory_budget`, bytes free on the decoder's device; None = ask CUDA, or ample on the CPU),
     each tile decoded and (x+1)/2-clamped — the equal-shaped spatial tiles of one temporal tile stacked into batches
     as memory allows (`tile_batch`) — and blended on the device; that group's finished frames are streamed into the
-    CPU output (on CUDA through `DeviceToHost`, without stalling the next tile) while its overlap with the next
+    CPU output (on CUDA through `DeviceToHost`'s pinned staging on a side stream) while its overlap with the next
     group stays on the device: host memory holds the output plus one group. `on_step(done, total)` runs after every
-    tile (progress; it raises to interrupt). `where` names the node in errors.
+    tile (progress; it raises to interrupt). `where` names the node in errors. `stack_tiles` (default: on CUDA only,
+    where small tiles leave the GPU waiting on launches; on the CPU it only adds memory) allows the stacking.
     """
     check_video_latent(latent, f"{where}.latent")
     problem = tiling.problem()
@@ -262,7 +264,8 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
     if memory_budget is None and device.type == "cuda":
         memory_budget = free_bytes(device)
     plan = decode_plan(vae, tuple(latent.shape), tiling, memory_budget)
-    stack = tile_batch(plan, _cost(vae, latent.shape[0]), memory_budget)
+    stacking = device.type == "cuda" if stack_tiles is None else stack_tiles
+    stack = tile_batch(plan, _cost(vae, latent.shape[0]), memory_budget) if stacking else 1
     weights_t, weights_h, weights_w = plan.axis_weights()
     batch, (frames, height, width) = latent.shape[0], plan.pixel_shape
     meter, done = start_meter(device), 0
@@ -302,9 +305,12 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
             if readback:  # the earlier groups' share of this group's first frames: beyond the steady overlap ...
                 if to_host is not None:
                     to_host.finish_moves()
-                group[:, :readback] += out[:, p0:p0 + readback].to(device)
+                for f0 in range(0, readback, READBACK_FRAMES):  # small pieces: no group-sized temporary
+                    f1 = min(readback, f0 + READBACK_FRAMES)
+                    group[:, f0:f1] += out[:, p0 + f0:p0 + f1].to(device)
             if carry is not None:  # ... from the host, the rest kept on the device
                 group[:, readback:readback + carry.shape[1]] += carry
+                carry = None
             # Frames no later tile touches are final; of the overlap with the next group (which lies inside it:
             # tiles start and end in order) the last `carried_frames` stay on the device and any earlier ones (a
             # last tile shifted back) go to the host and come back. Reading every overlap back cost a synchronous
