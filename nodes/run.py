@@ -14,6 +14,7 @@ import inspect
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
@@ -103,9 +104,19 @@ def execute(prompt: Mapping[str, dict], classes: Mapping[str, type] | None = Non
     classes = classes or NODE_CLASS_MAPPINGS
     validate(prompt, classes)
     start = time.perf_counter()
-    with torch.inference_mode():
-        result = asyncio.run(_execute(prompt, classes, dict(preset or {}), on_start, on_end,
-                                      needed(prompt, classes, targets)))
+
+    def run() -> dict[str, Any]:
+        with torch.inference_mode():
+            return asyncio.run(_execute(prompt, classes, dict(preset or {}), on_start, on_end,
+                                        needed(prompt, classes, targets)))
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # the usual case: no event loop in this thread
+        result = run()
+    else:  # called from async code (a notebook, an async test): the graph gets a loop of its own on a thread
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            result = pool.submit(run).result()
     result["wall_s"] = time.perf_counter() - start
     return result
 

@@ -203,3 +203,13 @@ def test_a_ready_async_node_starts_before_a_ready_plain_output_node():
     run.execute(prompt, classes, on_start=lambda node_id: SlowSave.events.append(("start", node_id)))
     starts = [e[1] for e in SlowSave.events if e[0] == "start"]
     assert starts == ["1", "8", "7"], SlowSave.events
+
+
+def test_the_runner_can_be_called_from_async_code():
+    """From inside a running event loop (a notebook, an async test) `execute` still runs the graph."""
+    import asyncio
+
+    async def inside():
+        return run.execute(API, CLASSES)
+
+    assert asyncio.run(inside())["outputs"]["2"] == ("12!",)
