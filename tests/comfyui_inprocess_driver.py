@@ -115,13 +115,13 @@ def main(argv: list[str] | None = None) -> int:
 
     # 4. Observers: a wrapper around each pack node's FUNCTION, and a spy on load_models_gpu.
     calls: list[dict] = []
+    def start(name: str, is_async: bool) -> dict:
+        calls.append({"class_type": name, "inference_mode": torch.is_inference_mode_enabled(),
+                      "grad_enabled": torch.is_grad_enabled(), "async": is_async, "t": time.perf_counter()})
+        return calls[-1]
+
     for name, cls in pack_classes.items():
         original = getattr(cls, cls.FUNCTION)
-
-        def start(name: str, is_async: bool) -> dict:
-            calls.append({"class_type": name, "inference_mode": torch.is_inference_mode_enabled(),
-                          "grad_enabled": torch.is_grad_enabled(), "async": is_async, "t": time.perf_counter()})
-            return calls[-1]
 
         def observed(self, *a, __original=original, __name=name, **kw):
             call = start(__name, False)

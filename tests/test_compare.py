@@ -9,7 +9,7 @@ import torch
 from nodes.compare import LTX25DecoderCompare
 from nodes.ltx.decode_stats import DecodeStats
 from nodes.ltx.errors import LTX25Error
-from nodes.ltx.image_compare import psnr_per_frame, ssim_per_frame
+from nodes.ltx.image_compare import psnr_and_ssim_per_frame
 
 
 def frames(seed: int = 0, n: int = 3, h: int = 32, w: int = 48) -> torch.Tensor:
@@ -42,8 +42,8 @@ def test_perturbed_input_lowers_psnr_and_ssim_monotonically():
 def test_psnr_matches_its_closed_form():
     a = torch.zeros(1, 4, 4, 3)
     b = torch.full((1, 4, 4, 3), 0.1)
-    assert abs(psnr_per_frame(a, b)[0] - 20.0) < 1e-5  # 10·log10(1/0.01); 0.1 is not exact in float32
-    assert ssim_per_frame(a, a)[0] == pytest.approx(1.0)
+    assert abs(psnr_and_ssim_per_frame(a, b)[0][0] - 20.0) < 1e-5  # 10·log10(1/0.01); 0.1 is not exact in float32
+    assert psnr_and_ssim_per_frame(a, a)[1][0] == pytest.approx(1.0)
 
 
 def test_canvas_layouts_and_labels():

@@ -18,7 +18,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from .na_triton import _on, tl, triton
+from .na_triton import on_device, tl, triton
 
 SWIGLU_TOKENS = 32768  # tokens per SwiGLU tile: two hidden-width bf16 temporaries of 64 MiB at C = 256
 
@@ -62,7 +62,7 @@ def norm_modulate(x: torch.Tensor, norm: torch.nn.RMSNorm, scale: torch.Tensor, 
     eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
     weight = norm.weight if norm.weight is not None else torch.ones(channels, device=x.device, dtype=x.dtype)
     out = torch.empty_like(x)
-    with _on(x.device):
+    with on_device(x.device):
         _norm_modulate_kernel[(-(-rows // block_rows),)](
             x, out, weight, scale.reshape(batch, channels).contiguous(), shift.reshape(batch, channels).contiguous(),
             rows, rows // batch, channels, float(eps), block_rows, triton.next_power_of_2(channels))
@@ -76,7 +76,7 @@ def swiglu_add_(mlp, x: torch.Tensor, out: torch.Tensor, tokens: int = SWIGLU_TO
     for start in range(0, flat_x.shape[0], tokens):
         part = flat_x[start:start + tokens]
         gate, up = F.linear(part, mlp.w_gate.weight), F.linear(part, mlp.w_up.weight)
-        with _on(x.device):
+        with on_device(x.device):
             _silu_mul_kernel[(-(-gate.numel() // 1024),)](gate, up, gate.numel(), 1024)
         flat_out[start:start + tokens].addmm_(gate, down)
 

@@ -35,11 +35,6 @@ def _psnr(x: torch.Tensor, y: torch.Tensor) -> list[float]:
     return [math.inf if m == 0 else 10 * math.log10(1.0 / float(m)) for m in mse]
 
 
-def psnr_per_frame(a: torch.Tensor, b: torch.Tensor, device: torch.device | None = None) -> list[float]:
-    """+inf for identical frames."""
-    return [p for x, y in _chunks(a, b, device) for p in _psnr(x, y)]
-
-
 def _gaussian_window(size: int = 11, sigma: float = 1.5) -> torch.Tensor:
     x = torch.arange(size, dtype=torch.float64) - size // 2
     g = torch.exp(-(x**2) / (2 * sigma**2))
@@ -47,7 +42,8 @@ def _gaussian_window(size: int = 11, sigma: float = 1.5) -> torch.Tensor:
 
 
 def _ssim(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-frame mean SSIM of `[F, H, W, 3]` frames."""
+    """Per-frame SSIM of `[F, H, W, 3]` frames: mean over channels with an 11×11 Gaussian window (σ 1.5), valid
+    region only; 1.0 when identical."""
     x, y = (t.permute(0, 3, 1, 2) for t in (x, y))  # [F, 3, H, W]
     g = _gaussian_window((min(11, x.shape[-2], x.shape[-1]) - 1) // 2 * 2 + 1).to(x.device, x.dtype)
     channels = x.shape[1]
@@ -65,14 +61,9 @@ def _ssim(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return ssim.flatten(1).mean(1)
 
 
-def ssim_per_frame(a: torch.Tensor, b: torch.Tensor, device: torch.device | None = None) -> list[float]:
-    """Mean SSIM over channels with an 11×11 Gaussian window (σ 1.5), valid region only; 1.0 when identical."""
-    return [float(v) for x, y in _chunks(a, b, device) for v in _ssim(x, y).double().cpu()]
-
-
 def psnr_and_ssim_per_frame(a: torch.Tensor, b: torch.Tensor,
                             device: torch.device | None = None) -> tuple[list[float], list[float]]:
-    """Both metrics from one pass over the frames: each chunk goes to `device` once."""
+    """(PSNR, SSIM) per frame, B against A, from one pass over the frames: each chunk goes to `device` once."""
     psnr, ssim = [], []
     for x, y in _chunks(a, b, device):
         psnr += _psnr(x, y)

@@ -225,7 +225,7 @@ def norm_rope(x: torch.Tensor, norm: torch.nn.RMSNorm, rope, scale: float, block
     weight = norm.weight if norm.weight is not None else torch.ones(dim, device=x.device)
     out = torch.empty_like(x)
     rows = x.numel() // dim
-    with _on(x.device):
+    with on_device(x.device):
         _norm_rope_kernel[(-(-rows // block_rows),)](x, out, weight, freqs, axes, rows, t, h, w, heads, float(eps),
                                                      float(scale), dim, max(4, triton.next_power_of_2(dim)),
                                                      block_rows)
@@ -247,7 +247,7 @@ def na3d_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: 
     grid = (-(-t // qt) * -(-h // qh) * -(-w // qw), b * heads)
     if _kernel is None:
         raise LTX25Error(WHERE, "triton", "not installed", "Triton (it comes with CUDA builds of torch)")
-    with _on(q.device):
+    with on_device(q.device):
         _kernel[grid](q, k, v, out, t, h, w, heads, *q.stride()[:5], *out.stride()[:5],
                       *kernel_size, qt, qh, qw, dim, max(16, 1 << (dim - 1).bit_length()), config.block_n,
                       "ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32, not TF32
@@ -255,6 +255,6 @@ def na3d_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: 
     return out
 
 
-def _on(device: torch.device):
+def on_device(device: torch.device):
     """Triton launches on the current CUDA device, not the tensors' one: make them the same (several GPUs)."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
