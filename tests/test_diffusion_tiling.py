@@ -173,6 +173,32 @@ def test_auto_plans_full_hd_under_ten_gib_and_241_frames_like_121():
     assert estimates[241] <= 1.1 * estimates[121], estimates
 
 
+def test_blend_buffer_estimate_is_one_temporal_group_and_the_carried_overlap():
+    """The decode keeps one fp16 whole-canvas buffer per temporal group plus the previous group's overlap (the
+    stub), not one per tile frame range: the estimate's blend term is exactly that, so plans fill the budget as
+    the measured peaks do (the old 2× tile-length term made 121 frames plan small tiles, 241 large ones)."""
+    schedule = dt.build_schedule(RELEASED, (31, 34, 60), 96, 512)
+    assert schedule.grid[0] > 1 and schedule.overlap[0] > 0
+    with_blend, without = (dt.MemoryModel(accumulator_bytes=b).estimate(schedule) for b in (2, 0))
+    _, height, width = schedule.canvas
+    group = max(s.length for s in schedule.spans[0])
+    assert with_blend - without == 3 * (group + schedule.overlap[0]) * height * width * 2
+
+
+def test_fused_stage5_blocks_plan_with_their_smaller_working_set():
+    """Processors that run the fused stage-5 block are planned with its measured 8.2–8.3× (8.5), the others
+    with diffusers' block's 10.4× (11): a wrong pick over-fills the card or wastes tiles."""
+    from nodes.ltx import diffusion_vae as dv
+    from nodes.ltx import na_attention as na
+
+    class Fused(na.SdpaNAProcessor):
+        fused_block = True
+
+    vae = type("V", (), {"parameters": lambda self: iter([torch.zeros(1, dtype=torch.bfloat16)])})()
+    assert dv.memory_model(vae, 1, Fused()).stage5_coef == dt.FUSED_STAGE5_COEF == 8.5
+    assert dv.memory_model(vae, 1, na.SdpaNAProcessor()).stage5_coef == dv.memory_model(vae).stage5_coef == 11.0
+
+
 def test_spans_are_value_objects_without_tensors():
     """The schedule is plain numbers (hashable, comparable) so the driver can group tiles by temporal span."""
     schedule = dt.build_schedule(TINY, (5, 4, 4), 16, 64)

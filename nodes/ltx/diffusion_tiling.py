@@ -300,15 +300,17 @@ def build_schedule(geometry: TilingGeometry, latent_thw: THW, tile_frames: int |
 @dataclass(frozen=True)
 class MemoryModel:
     """Peak bytes of a decode as one-line formulas. Coefficients count live tensors of one block's input size
-    (hidden, norms, q/k/v, fp32 RoPE scratch, outputs); measured on the released widths: ≈ 8.1 per stage-5 token
-    (plus the context) and 15 per stage-4 cell incl. its upsampled output, so 10 is a bound for both."""
+    (hidden, norms, q/k/v, RoPE scratch, outputs), fitted to measured peaks of the released widths on an H200
+    (docs/PERFORMANCE.md): a stage-5 token holds 8.2–8.3× its width with the fused block (four decodes, untiled
+    and tiled, 768×512 to 1920×1088×241) and 10.4× with diffusers' block; 15 per stage-4 cell incl. its upsampled
+    output, so 10 is a bound there."""
     element_bytes: int = 2          # bf16 activations
     accumulator_bytes: int = 2      # fp16 blend buffer for bf16 (else the activation dtype)
     batch: int = 1
-    stage5_coef: float = 10.0
+    stage5_coef: float = 11.0       # diffusers' block; FUSED_STAGE5_COEF under fused_block.block_forward
     det_coef: float = 10.0          # a deterministic NA block (stages 1-4)
     processor_scratch: int = 0      # bytes a processor adds per call (the sdpa gather chunk)
-    constant_bytes: int = 256 << 20  # diffusers' SwiGLU tile (16384 tokens × 4C × 3), noise frames, slack
+    constant_bytes: int = 256 << 20  # the SwiGLU tile, noise frames, slack
 
     def stages_1_to_3(self, g: TilingGeometry, work_thw: THW) -> int:
         """Stages 1-3 run untiled: the largest block working set or upsample (input + projection + shuffle)."""
@@ -327,21 +329,26 @@ class MemoryModel:
         t, h, w = g.pre_upsample_grid((work_thw[0] + g.ghost_latent_frames, *work_thw[1:]))
         return self.batch * t * h * w * g.stage_channels[2] * self.element_bytes
 
-    def tile(self, g: TilingGeometry, canvas_hw: tuple[int, int], cells: THW) -> int:
-        """Peak while one tile runs: its stage-4/5 working set plus the group's blend buffer and carried stub."""
+    def tile(self, g: TilingGeometry, canvas_hw: tuple[int, int], cells: THW, group_frames: int) -> int:
+        """Peak while one tile runs: its stage-4/5 working set plus its temporal group's blend buffer, which holds
+        `group_frames` whole-canvas frames (the group and the overlap carried from the one before)."""
         t, h, w = cells[0] + g.ghost_cells, cells[1], cells[2]
         n4 = t * h * w
         n5 = n4 * math.prod(g.upsample_strides[-1])
         stage4 = n4 * g.stage_channels[3] * self.det_coef + 2 * n5 * g.stage_channels[4]
         stage5 = n5 * g.stage_channels[4] * self.stage5_coef
-        accumulator = 2 * 3 * g.cell_pixels[0] * t * canvas_hw[0] * canvas_hw[1] * self.accumulator_bytes
+        accumulator = 3 * group_frames * canvas_hw[0] * canvas_hw[1] * self.accumulator_bytes
         return self.batch * (max(stage4, stage5) * self.element_bytes + accumulator)
 
     def estimate(self, schedule: TileSchedule) -> int:
         g, work = schedule.geometry, schedule.work_thw
         cells = tuple(max(s.cells[1] - s.cells[0] for s in axis) for axis in schedule.spans)
-        tiles = self.resident(g, work) + self.tile(g, schedule.canvas[1:], cells)
+        group_frames = max(s.length for s in schedule.spans[0]) + schedule.overlap[0]
+        tiles = self.resident(g, work) + self.tile(g, schedule.canvas[1:], cells, group_frames)
         return max(self.stages_1_to_3(g, work), tiles) + self.processor_scratch + self.constant_bytes
+
+
+FUSED_STAGE5_COEF = 8.5  # measured 8.2–8.3 (see MemoryModel)
 
 
 def _candidates(n_cells: int, cell: int, factor: int, low: int) -> list[int]:

@@ -279,8 +279,10 @@ def memory_model(vae: DiffusionVAE, batch: int = 1,
     param = next(vae.parameters())
     element = param.element_size()
     scratch = processor.scratch_bytes(element, param.is_cuda) if processor is not None else 0
+    fused = processor is not None and processor.fused_block
     return tiling.MemoryModel(element_bytes=element, accumulator_bytes=2 if element == 2 else element, batch=batch,
-                              processor_scratch=scratch)
+                              processor_scratch=scratch,
+                              stage5_coef=tiling.FUSED_STAGE5_COEF if fused else tiling.MemoryModel.stage5_coef)
 
 
 def decode_memory_estimate(vae: DiffusionVAE, latent_shape: tuple[int, ...]) -> int:
