@@ -30,6 +30,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--frames", type=int, default=121)
     parser.add_argument("--size", default="768x512")
+    parser.add_argument("--segments", default="1", help="comma-separated segment counts to time (write_mp4's "
+                        "segments: runs of frames encoded at once by separate x264s)")
+    parser.add_argument("--thread-types", default="FRAME", help="comma-separated: SLICE, FRAME")
     args = parser.parse_args()
     width, height = (int(v) for v in args.size.split("x"))
     contents = {"noise": torch.rand(args.frames, height, width, 3, generator=torch.Generator().manual_seed(0)),
@@ -38,18 +41,23 @@ def main() -> None:
     original = video_io._THREAD_TYPE
     try:
         for name, frames in contents.items():
-            for thread_type in ("SLICE", "FRAME"):
-                video_io._THREAD_TYPE = thread_type
-                with tempfile.TemporaryDirectory() as folder:
-                    path = os.path.join(folder, "x.mp4")
-                    start = time.perf_counter()
-                    video_io.write_mp4(path, frames, 24.0)
-                    seconds = time.perf_counter() - start
-                    rows.append({"content": name, "thread_type": thread_type, "seconds": round(seconds, 3),
-                                 "megabytes": round(os.path.getsize(path) / 1e6, 1), "cpus": os.cpu_count()})
-                print(f"[save] {json.dumps(rows[-1])}", flush=True)
+            for thread_type in args.thread_types.split(","):
+                for segments in (int(n) for n in args.segments.split(",")):
+                    video_io._THREAD_TYPE = thread_type
+                    with tempfile.TemporaryDirectory() as folder:
+                        path = os.path.join(folder, "x.mp4")
+                        cpu, start = os.times(), time.perf_counter()
+                        video_io.write_mp4(path, frames, 24.0, segments=segments)
+                        seconds, used = time.perf_counter() - start, os.times()
+                        cpu_seconds = used.user + used.system - cpu.user - cpu.system
+                        rows.append({"content": name, "size": args.size, "thread_type": thread_type,
+                                     "segments": segments, "seconds": round(seconds, 3),
+                                     "cpu_seconds": round(cpu_seconds, 2), "cores_busy": round(cpu_seconds / seconds, 1),
+                                     "megabytes": round(os.path.getsize(path) / 1e6, 1), "cpus": os.cpu_count()})
+                    print(f"[save] {json.dumps(rows[-1])}", flush=True)
     finally:
         video_io._THREAD_TYPE = original
+
 
 if __name__ == "__main__":
     main()

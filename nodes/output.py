@@ -9,6 +9,7 @@ import os
 import torch
 
 from . import comfy_bridge as bridge
+from .ltx import background
 from .ltx.errors import LTX25Error
 
 NODE = "LTX25SaveVideo"
@@ -51,7 +52,14 @@ class LTX25SaveVideo:
         rate = int(audio["sample_rate"]) if isinstance(audio, dict) and "sample_rate" in audio else 48000
         waveform = _one_track(audio, images.shape[0], fps, rate)
         path, subfolder, filename = output_path(bridge.output_dir(), filename_prefix)
-        await asyncio.to_thread(_encode, path, images, fps, waveform, rate, tags)
+        # on a background pool: a lower priority than the graph's threads (the next decoder, the compare)
+        encode = asyncio.get_running_loop().run_in_executor(background.pool("save"), _encode, path, images, fps,
+                                                            waveform, rate, tags)
+        try:
+            await asyncio.shield(encode)
+        except asyncio.CancelledError:
+            await encode  # the thread cannot be stopped: its file is finished (or removed) before the run ends
+            raise
         preview = {"filename": filename, "subfolder": subfolder, "type": "output", "format": "video/mp4"}
         return {"ui": {"images": [preview], "animated": (True,)}, "result": (path,)}
 

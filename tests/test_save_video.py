@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import os
+import sys
 
 import pytest
 import torch
@@ -150,6 +151,39 @@ def test_save_runs_on_a_worker_thread_so_the_next_node_can_go_on(output_dir):
     assert ticks > 3 and video_io.probe_mp4(path).frames == 49
 
 
+@pytest.mark.skipif(not hasattr(os, "setpriority") or not sys.platform.startswith("linux"),
+                    reason="per-thread nice values are Linux's")
+def test_encodes_run_below_the_graphs_priority_and_leave_the_callers_alone(output_dir, monkeypatch):
+    """The encode (and the x264 and converter threads it starts, which inherit it) runs background.NICE below the
+    caller, so the nodes running meanwhile keep their cores; the event loop's thread and its default executor
+    keep their priority."""
+    import threading
+    from nodes.ltx import background
+    seen = {}
+    original = video_io.write_mp4
+
+    def spy(*args, **kwargs):
+        seen["encoder"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        child = threading.Thread(target=lambda: seen.setdefault(
+            "child", os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        child.start()
+        child.join()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(video_io, "write_mp4", spy)
+    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    async def main():
+        path = (await LTX25SaveVideo().save(_frames(9), 24.0, "nice"))["result"][0]
+        default_pool = await asyncio.to_thread(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return path, default_pool
+
+    path, default_pool = asyncio.run(main())
+    assert seen["encoder"] == seen["child"] == min(19, caller + background.NICE), seen
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller == default_pool
+    assert video_io.probe_mp4(path).frames == 9
+
+
 def test_a_failed_encode_leaves_no_file(output_dir, monkeypatch):
     """The name is reserved before the encode; if the encode fails, the reserved file goes too."""
     def broken(*args, **kwargs):
@@ -195,3 +229,37 @@ def test_a_cancelled_run_keeps_the_video_being_saved(output_dir):
     saved = list(output_dir.iterdir())
     assert [p.name for p in saved] == ["stopped_00001_.mp4"]
     assert video_io.probe_mp4(str(saved[0])).frames == 97
+
+
+@pytest.mark.parametrize("fps", [24.0, 24000 / 1001])
+def test_segmented_encode_is_one_stream_in_frame_order(tmp_path, fps):
+    """Segments encoded at once by separate x264s join into one valid stream: every frame once, in order (each
+    frame has its own flat brightness, read back), key frames where segments start, decode times rising across the
+    joins, the audio muxed beside — at an NTSC rate and an odd size too."""
+    import av
+    count = 61
+    level = torch.linspace(0.05, 0.95, count)
+    frames = (torch.rand(count, 47, 66, 3, generator=torch.Generator().manual_seed(1)) * 0.04
+              + level[:, None, None, None])
+    path = str(tmp_path / "seg.mp4")
+    video_io.write_mp4(path, frames, fps, _tone(count / fps), segments=3)
+    with av.open(path) as container:
+        packets = [p for p in container.demux(video=0) if p.size]
+        dts = [p.dts for p in packets]
+        keys = sorted(p.pts for p in packets if p.is_keyframe)
+        assert all(a < b for a, b in zip(dts, dts[1:])), dts
+        rate = container.streams.video[0].time_base
+    starts = [start for start, _ in video_io.segment_bounds(count, 3)]
+    assert [round(float(k * rate) * fps) for k in keys] == starts == [0, 20, 41]
+    with av.open(path) as container:
+        means = [float(f.to_ndarray(format="rgb24").mean()) / 255 for f in container.decode(video=0)]
+    assert len(means) == count
+    assert max(abs(m - float(v) - 0.02) for m, v in zip(means, level)) < 0.02
+    probe = video_io.probe_mp4(path)
+    assert (probe.width, probe.height, probe.audio_channels) == (66, 48, 2)
+
+
+def test_segment_bounds_and_the_default_count():
+    assert video_io.segment_bounds(121, 4) == [(0, 30), (30, 60), (60, 91), (91, 121)]
+    assert video_io.segment_bounds(3, 8) == [(0, 1), (1, 2), (2, 3)]
+    assert [video_io.default_segments(n) for n in (1, 29, 30, 61, 121, 1000)] == [1, 1, 1, 2, 4, 4]

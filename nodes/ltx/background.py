@@ -1,0 +1,30 @@
+"""Thread pools for work nobody downstream waits on while it runs (H.264 encodes, the A/B viewer's preview frames):
+their threads run at a lower priority, so the graph's own threads — the one feeding the GPU, the compare — keep
+their cores while the background work uses the idle ones."""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+NICE = 10  # how much lower than the caller the pools' threads run (Linux: per thread, inherited by their threads)
+_POOLS: dict[str, ThreadPoolExecutor] = {}
+_LOCK = threading.Lock()
+
+
+def lower_priority(nice: int = NICE) -> None:
+    """Lower the calling thread's priority by `nice`; threads it starts later (x264's, a converter's) inherit it."""
+    with contextlib.suppress(AttributeError, OSError):  # no setpriority (Windows), or not allowed
+        me = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + nice))
+
+
+def pool(name: str, workers: int = 8) -> ThreadPoolExecutor:
+    """The named background pool (created once). Its threads are not daemons: pending work finishes before the
+    interpreter exits."""
+    with _LOCK:
+        if name not in _POOLS:
+            _POOLS[name] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"ltx25-{name}",
+                                              initializer=lower_priority)
+        return _POOLS[name]
