@@ -7,7 +7,7 @@ import torch
 
 from . import comfy_bridge as bridge
 from .ltx.image_compare import (check_comparable, compare_report, preview_frame_indices, report_json,
-                                save_preview_frames, side_by_side)
+                                side_by_side, write_preview_frames)
 
 
 class LTX25DecoderCompare:
@@ -36,16 +36,16 @@ class LTX25DecoderCompare:
 
     def compare(self, images_a, images_b, label_a, label_b, layout, resize_b, stats_a=None, stats_b=None):
         images_b = check_comparable(images_a, images_b, resize_b)
-        folder, picks = bridge.temp_dir(), preview_frame_indices(images_a.shape[0])
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ltx25-compare") as pool:
-            # the canvas and the preview PNGs are made on other threads while the metrics run on the GPU
+        picks = preview_frame_indices(images_a.shape[0])
+        folder = bridge.temp_dir()
+        frames = {side: [{"filename": name, "subfolder": "", "type": "temp"}
+                         for name in write_preview_frames(images, folder, f"ltx25_ab_{side}", picks)]
+                  for side, images in (("a", images_a), ("b", images_b))}
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ltx25-compare") as pool:
+            # the canvas is made on another thread while the metrics run on the GPU
             canvas = pool.submit(_like_caller(side_by_side), images_a, images_b, label_a, label_b, layout)
-            previews = {side: pool.submit(save_preview_frames, images, folder, f"ltx25_ab_{side}", picks)
-                        for side, images in (("a", images_a), ("b", images_b))}
             report = compare_report(images_a, images_b, (label_a, label_b), {"a": stats_a, "b": stats_b},
                                     bridge.compute_device())
-            frames = {side: [{"filename": name, "subfolder": "", "type": "temp"} for name in future.result()]
-                      for side, future in previews.items()}
             canvas = canvas.result()
         text = report_json(report)
         viewer = {"frames_a": frames["a"], "frames_b": frames["b"], "frame_indices": picks,

@@ -21,6 +21,7 @@ import torch
 
 from . import NODE_CLASS_MAPPINGS, comfy_bridge
 from .graph import GraphError, execution_order, ui_to_api, validate
+from .ltx import image_compare
 from .ltx.errors import LTX25Error
 
 
@@ -192,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     except (GraphError, LTX25Error) as e:  # the failing node: the last "[run]" line above, or "[run] N failed"
         print(f"error: {e}", file=sys.stderr)
         return 2
+    image_compare.wait_for_previews()  # the files the summary names exist when it is printed
     summary = {"ui": result["ui"], "seconds": result["seconds"], "wall_s": result["wall_s"]}
     print(json.dumps(summary, default=str, indent=1))
     return 0

@@ -10,6 +10,7 @@ import copy
 import json
 import os
 import socket
+import time
 import urllib.request
 
 import pytest
@@ -167,6 +168,10 @@ def test_api_workflow_runs_to_success_and_its_outputs_exist(server, tiny_set, ob
             assert item.get("type") in ("output", "temp"), item
             root = server.output_dir if item["type"] == "output" else os.path.join(server.work_dir, "base", "temp")
             file_path = os.path.join(root, item.get("subfolder", ""), item["filename"])
+            if item["type"] == "temp":  # the compare's viewer frames are written in the background after it returns
+                deadline = time.monotonic() + 10
+                while not os.path.isfile(file_path) and time.monotonic() < deadline:
+                    time.sleep(0.05)
             assert os.path.isfile(file_path) and os.path.getsize(file_path) > 0, f"{name}: {file_path} missing/empty"
             if file_path.endswith(".mp4"):
                 with open(file_path, "rb") as f:

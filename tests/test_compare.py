@@ -8,6 +8,7 @@ import torch
 
 from nodes.compare import LTX25DecoderCompare
 from nodes.ltx.decode_stats import DecodeStats
+from nodes.ltx import image_compare
 from nodes.ltx.errors import LTX25Error
 from nodes.ltx.image_compare import psnr_and_ssim_per_frame
 
@@ -81,8 +82,39 @@ def test_viewer_frames_are_written_for_both_sides(tmp_path):
     out = LTX25DecoderCompare().compare(frames(n=30), frames(1, n=30), "a", "b", "side_by_side", False)
     viewer = out["ui"]["ltx25_ab"][0]
     assert len(viewer["frames_a"]) == len(viewer["frames_b"]) == len(viewer["frame_indices"]) == 24
+    image_compare.wait_for_previews()
     for entry in viewer["frames_a"] + viewer["frames_b"]:
         assert (tmp_path / "temp" / entry["filename"]).is_file() and entry["type"] == "temp"
+    assert sorted(p.suffix for p in (tmp_path / "temp").iterdir()) == [".png"] * 48  # no half-written file left
+
+
+def test_the_compare_returns_before_its_preview_frames_are_written(tmp_path, monkeypatch):
+    """The side-by-side save waits for the compare's outputs, not for the viewer's PNGs: they are written on the
+    background pool after the node returns (here held back until the node is done), each appearing whole under
+    its final name, at the background pool's lower priority."""
+    import os
+    import threading
+    from nodes import comfy_bridge
+    from nodes.ltx import background
+    comfy_bridge.set_output_dir(str(tmp_path))
+    release, priorities, written = threading.Event(), [], []
+    original = image_compare.Image.Image.save
+
+    def held_save(self, path, *args, **kwargs):
+        release.wait(10)
+        priorities.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        written.append(str(path))
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(image_compare.Image.Image, "save", held_save)
+    out = LTX25DecoderCompare().compare(frames(n=5), frames(1, n=5), "a", "b", "side_by_side", False)
+    names = [e["filename"] for e in out["ui"]["ltx25_ab"][0]["frames_a"] + out["ui"]["ltx25_ab"][0]["frames_b"]]
+    assert out["result"][0].shape == (5, 32, 96, 3) and not any((tmp_path / "temp" / n).exists() for n in names)
+    release.set()
+    image_compare.wait_for_previews()
+    assert all((tmp_path / "temp" / n).is_file() for n in names)
+    assert sorted(written) == sorted(str(tmp_path / "temp" / n) + ".part" for n in names)  # then renamed
+    assert set(priorities) == {min(19, os.getpriority(os.PRIO_PROCESS, 0) + background.NICE)}
 
 
 def test_short_videos_preview_every_frame_and_long_ones_a_spread():

@@ -5,7 +5,7 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { BADGE_FG, DECODER_NODES, styleForNode } from "./lib/decoder_style.js";
 import { decodeStatsRows, frameCaption, reportTable } from "./lib/format.js";
-import { frameIndex, readAbPayload, viewRoute } from "./lib/frames.js";
+import { frameIndex, loadWithRetry, readAbPayload, viewRoute } from "./lib/frames.js";
 import { dividerX, fitRect, splitFromPointer, wipeRects } from "./lib/wipe.js";
 
 const COMPARE_NODE = "LTX25DecoderCompare";
@@ -184,8 +184,7 @@ class AbViewer {
     const load = (ref) => {
       const image = new Image();
       image.onload = () => this.draw();
-      image.src = api.apiURL(viewRoute(ref, runKey));
-      return image;
+      return loadWithRetry(image, (attempt) => api.apiURL(viewRoute(ref, attempt ? `${runKey}.${attempt}` : runKey)));
     };
     this.framesA = payload.framesA.map(load);
     this.framesB = payload.framesB.map(load);

@@ -3,7 +3,11 @@ JSON report that goes with it. Frames are float [F, H, W, 3] in [0, 1]."""
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
+import uuid
+from concurrent.futures import Future, wait
 from typing import Mapping
 
 import numpy as np
@@ -11,9 +15,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
+from . import background
 from .decode_stats import DecodeStats
 from .errors import LTX25Error
 
+log = logging.getLogger(__name__)
 SSIM_C1, SSIM_C2 = 0.01**2, 0.03**2  # Wang et al. 2004 with data range 1
 
 
@@ -99,8 +105,12 @@ def side_by_side(a: torch.Tensor, b: torch.Tensor, label_a: str, label_b: str, l
     """[F, H, W, 3] ×2 → [F, H, 2W, 3] ("side_by_side") or [F, 2H, W, 3] ("stacked"), each half labelled.
     Float throughout: a uint8 round trip took seconds per 121 frames at 768×512 and quantized both halves."""
     height, width = a.shape[1:3]
-    canvas = torch.cat([a, b], dim=2 if layout == "side_by_side" else 1).clamp_(0, 1)
     origins = ((0, 0), (0, width) if layout == "side_by_side" else (height, 0))
+    frames = a.shape[0]
+    canvas = torch.empty(frames, *((height, 2 * width) if layout == "side_by_side" else (2 * height, width)), 3,
+                         dtype=a.dtype, device=a.device)
+    for half, (y0, x0) in zip((a, b), origins):  # clamped straight into place: one pass, no concatenated copy
+        torch.clamp(half, 0, 1, out=canvas[:, y0:y0 + height, x0:x0 + width])
     for text, (y0, x0) in zip((label_a, label_b), origins):
         patch = _label_patch(text, height, width)
         canvas[:, y0:y0 + patch.shape[0], x0:x0 + patch.shape[1]] = patch
@@ -139,21 +149,37 @@ def preview_frame_indices(count: int, max_frames: int = 24) -> list[int]:
     return sorted({round(i * (count - 1) / max(1, shown - 1)) for i in range(shown)})
 
 
-def save_preview_frames(frames: torch.Tensor, folder: str, prefix: str, picks: list[int]) -> list[str]:
-    """Write the frames at `picks` as PNGs (for the canvas A/B viewer); their file names. PIL releases the GIL while
-    it compresses, so the frames are written by a small thread pool."""
-    import os
-    import uuid
-    from concurrent.futures import ThreadPoolExecutor
+_PENDING_PREVIEWS: set[Future] = set()
 
+
+def write_preview_frames(frames: torch.Tensor, folder: str, prefix: str, picks: list[int]) -> list[str]:
+    """Start writing the frames at `picks` as PNGs (for the canvas A/B viewer) on the background pool and return
+    their file names at once: the next nodes (the side-by-side save) need the compare's outputs, not these files,
+    and 48 PNGs of noise-like 768×512 frames took 2 CPU-seconds. Each file appears whole (written aside, then
+    renamed); the viewer retries a frame that is not there yet. `wait_for_previews` waits for them."""
     os.makedirs(folder, exist_ok=True)
     tag = uuid.uuid4().hex[:8]  # a fresh name per run, so the browser never shows a cached frame
     names = [f"{prefix}_{tag}_{index:05d}.png" for index in picks]
 
     def write(index: int, name: str) -> None:
         pixels = (frames[index].clamp(0, 1).numpy() * 255).round().astype(np.uint8)
-        Image.fromarray(pixels).save(os.path.join(folder, name), compress_level=1)  # temp previews, as ComfyUI's
+        path = os.path.join(folder, name)
+        Image.fromarray(pixels).save(path + ".part", format="png", compress_level=1)  # ComfyUI's preview level
+        os.replace(path + ".part", path)
 
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        list(pool.map(write, picks, names))  # list(): re-raises a failed write here
+    for index, name in zip(picks, names):
+        job = background.pool("previews").submit(write, index, name)
+        _PENDING_PREVIEWS.add(job)
+        job.add_done_callback(_preview_written)
     return names
+
+
+def _preview_written(job: Future) -> None:
+    _PENDING_PREVIEWS.discard(job)
+    if job.exception() is not None:
+        log.warning("LTX-2.5 A/B viewer: a preview frame was not written: %s", job.exception())
+
+
+def wait_for_previews(timeout: float | None = None) -> None:
+    """Wait until every preview frame started so far is written (tests, and a headless run before it reports)."""
+    wait(list(_PENDING_PREVIEWS), timeout)

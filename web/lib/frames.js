@@ -41,3 +41,17 @@ export function readAbPayload(ab, reportFrames) {
   return { framesA: ab.frames_a, framesB: ab.frames_b, labelA: ab.label_a ?? "A", labelB: ab.label_b ?? "B",
     sourceIndices };
 }
+
+/**
+ * Point `image` at `urlFor(0)`, and after a failed load try `urlFor(1)`, `urlFor(2)`, … every `delayMs`, at most
+ * `retries` times: the compare node writes its preview frames in the background after it returns, so a frame may
+ * not be on the server yet when the viewer asks. Each attempt has its own URL, so no failure is served from cache.
+ */
+export function loadWithRetry(image, urlFor, retries = 40, delayMs = 250, schedule = setTimeout) {
+  let attempt = 0;
+  image.onerror = () => {
+    if (attempt < retries) schedule(() => { image.src = urlFor(++attempt); }, delayMs);
+  };
+  image.src = urlFor(0);
+  return image;
+}

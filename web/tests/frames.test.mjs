@@ -1,7 +1,7 @@
 // Frames: scrubber → index, ui payload → /view routes and a clear error on mismatched payloads.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { frameIndex, readAbPayload, viewRoute } from "../lib/frames.js";
+import { frameIndex, loadWithRetry, readAbPayload, viewRoute } from "../lib/frames.js";
 
 test("scrubber value becomes an index clamped to the frames there are", () => {
   assert.equal(frameIndex("3", 9), 3, "range inputs give strings");
@@ -41,4 +41,20 @@ test("shown frames map to video frames: given indices, identity when all were wr
   assert.equal(readAbPayload(three, 81).sourceIndices, null);
   assert.equal(readAbPayload({ ...three, frame_indices: [0, 40] }, 81).sourceIndices, null,
     "indices of the wrong length are ignored");
+});
+
+test("a preview frame not written yet is asked for again, each time under a new URL, then given up", () => {
+  const pending = [];
+  const image = {};
+  loadWithRetry(image, (attempt) => `/view?f=a&rand=k.${attempt}`, 2, 250, (fn, ms) => pending.push([fn, ms]));
+  assert.equal(image.src, "/view?f=a&rand=k.0");
+  image.onerror();
+  assert.deepEqual(pending.map(([, ms]) => ms), [250]);
+  pending.shift()[0]();
+  assert.equal(image.src, "/view?f=a&rand=k.1");
+  image.onerror();
+  pending.shift()[0]();
+  assert.equal(image.src, "/view?f=a&rand=k.2");
+  image.onerror();
+  assert.equal(pending.length, 0, "after `retries` attempts the viewer stops asking");
 });
