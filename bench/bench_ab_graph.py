@@ -42,9 +42,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nodes import NODE_CLASS_MAPPINGS, comfy_bridge as bridge  # noqa: E402
+from nodes import compare as compare_node  # noqa: E402
 from nodes.graph import validate  # noqa: E402
 from nodes.handles import Loaded  # noqa: E402
 from nodes.run import execute as run_execute  # noqa: E402
+from nodes.ltx import image_compare  # noqa: E402
 from nodes.ltx import text_encoder as te  # noqa: E402
 from nodes.ltx.accelerated_denoise import release  # noqa: E402
 from nodes.ltx.assets import AssetInfo, Header, Kind  # noqa: E402
@@ -223,11 +225,24 @@ def _table(cold: dict, warm: dict) -> str:
     return "\n".join(lines)
 
 
+write_in_background = compare_node.write_preview_frames
+
+
+def _in_line(write):
+    def written(*args, **kwargs):
+        names = write(*args, **kwargs)
+        image_compare.wait_for_previews()
+        return names
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, the tiny set through the loader nodes, 192×128×17")
     parser.add_argument("--acceleration", default=None, help="sampler acceleration (default: compile_cuda_graph on "
                         "CUDA, eager on the CPU)")
+    parser.add_argument("--ab-runs", type=int, default=0, help="then N pairs of warm runs: the compare's viewer "
+                        "frames written in line (before the node returns) and in the background")
     parser.add_argument("--skip-new-prompt", action="store_true", help="skip the new-prompt encode after run 2")
     parser.add_argument("--offload-first", action="store_true",
                         help="CUDA: move every built module to the CPU before run 1 (as the loaders leave them)")
@@ -284,6 +299,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cold, _, cold_wall = run_graph(prompt, preset, device, heavy)
         warm, _, warm_wall = run_graph(prompt, preset, device, heavy)
+        for run in range(args.ab_runs):  # the same warm graph, the compare's viewer frames written in line or not
+            for variant in ("previews_in_line", "previews_in_background"):
+                if variant == "previews_in_line":
+                    compare_node.write_preview_frames = _in_line(write_in_background)
+                wall = run_graph(prompt, preset, device, heavy)[2]
+                compare_node.write_preview_frames = write_in_background
+                image_compare.wait_for_previews()
+                result.setdefault("ab_runs", {}).setdefault(variant, []).append(round(wall, 3))
+                print(f"[bench] warm run, {variant}: {wall:.3f} s", file=sys.stderr, flush=True)
         fresh = dict(prompt)
         fresh["3"] = {**prompt["3"], "inputs": {**prompt["3"]["inputs"], "prompt": NEW_PROMPT}}
         new_prompt = {} if args.skip_new_prompt else run_graph(fresh, preset, device, heavy, only=("3",))[0]
