@@ -138,3 +138,19 @@ def test_canvas_made_on_a_worker_thread_keeps_the_callers_inference_mode():
     assert canvas.is_inference()
     canvas, _ = run(frames(), frames(1))
     assert not canvas.is_inference()
+
+
+def test_a_preview_frame_that_fails_leaves_no_part_file_and_is_logged(tmp_path, monkeypatch, caplog):
+    """A failed background write (disk full, say) cannot raise into the graph any more: it is logged, and neither
+    its half-written `.part` file nor a final-named file is left for the viewer."""
+    def broken_save(self, path, *args, **kwargs):
+        with open(path, "wb") as f:
+            f.write(b"\x89PNG half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(image_compare.Image.Image, "save", broken_save)
+    with caplog.at_level("WARNING"):
+        names = image_compare.write_preview_frames(frames(n=2), str(tmp_path), "p", [0, 1])
+        image_compare.wait_for_previews()
+    assert len(names) == 2 and list(tmp_path.iterdir()) == []
+    assert caplog.text.count("disk full") == 2

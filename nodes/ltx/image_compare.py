@@ -2,10 +2,12 @@
 JSON report that goes with it. Frames are float [F, H, W, 3] in [0, 1]."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+import threading
 import uuid
 from concurrent.futures import Future, wait
 from typing import Mapping
@@ -149,7 +151,8 @@ def preview_frame_indices(count: int, max_frames: int = 24) -> list[int]:
     return sorted({round(i * (count - 1) / max(1, shown - 1)) for i in range(shown)})
 
 
-_PENDING_PREVIEWS: set[Future] = set()
+_PENDING_PREVIEWS: set[Future] = set()  # written by the pool's threads
+_PENDING_LOCK = threading.Lock()
 
 
 def write_preview_frames(frames: torch.Tensor, folder: str, prefix: str, picks: list[int]) -> list[str]:
@@ -164,22 +167,29 @@ def write_preview_frames(frames: torch.Tensor, folder: str, prefix: str, picks: 
     def write(index: int, name: str) -> None:
         pixels = (frames[index].clamp(0, 1).numpy() * 255).round().astype(np.uint8)
         path = os.path.join(folder, name)
-        Image.fromarray(pixels).save(path + ".part", format="png", compress_level=1)  # ComfyUI's preview level
-        os.replace(path + ".part", path)
+        try:
+            Image.fromarray(pixels).save(path + ".part", format="png", compress_level=1)  # ComfyUI's preview level
+            os.replace(path + ".part", path)
+        except Exception as error:  # nothing to raise into: the node has returned
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path + ".part")
+            log.warning("LTX-2.5 A/B viewer: preview frame %s was not written: %s", name, error)
 
     for index, name in zip(picks, names):
         job = background.pool("previews").submit(write, index, name)
-        _PENDING_PREVIEWS.add(job)
-        job.add_done_callback(_preview_written)
+        with _PENDING_LOCK:
+            _PENDING_PREVIEWS.add(job)
+        job.add_done_callback(_preview_written)  # runs on the writing thread (here if already done)
     return names
 
 
 def _preview_written(job: Future) -> None:
-    _PENDING_PREVIEWS.discard(job)
-    if job.exception() is not None:
-        log.warning("LTX-2.5 A/B viewer: a preview frame was not written: %s", job.exception())
+    with _PENDING_LOCK:
+        _PENDING_PREVIEWS.discard(job)
 
 
 def wait_for_previews(timeout: float | None = None) -> None:
     """Wait until every preview frame started so far is written (tests, and a headless run before it reports)."""
-    wait(list(_PENDING_PREVIEWS), timeout)
+    with _PENDING_LOCK:
+        pending = list(_PENDING_PREVIEWS)
+    wait(pending, timeout)
