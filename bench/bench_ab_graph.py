@@ -46,7 +46,7 @@ from nodes import compare as compare_node  # noqa: E402
 from nodes.graph import validate  # noqa: E402
 from nodes.handles import Loaded  # noqa: E402
 from nodes.run import execute as run_execute  # noqa: E402
-from nodes.ltx import image_compare  # noqa: E402
+from nodes.ltx import image_compare, video_io  # noqa: E402
 from nodes.ltx import text_encoder as te  # noqa: E402
 from nodes.ltx.accelerated_denoise import release  # noqa: E402
 from nodes.ltx.assets import AssetInfo, Header, Kind  # noqa: E402
@@ -225,15 +225,27 @@ def _table(cold: dict, warm: dict) -> str:
     return "\n".join(lines)
 
 
-write_in_background = compare_node.write_preview_frames
+def _patched(module, name: str, value):
+    def patch():
+        original = getattr(module, name)
+        setattr(module, name, value)
+        return lambda: setattr(module, name, original)
+    return patch
 
 
-def _in_line(write):
-    def written(*args, **kwargs):
-        names = write(*args, **kwargs)
-        image_compare.wait_for_previews()
-        return names
-    return written
+def _previews_in_line(*args, **kwargs):
+    names = image_compare.write_preview_frames(*args, **kwargs)
+    image_compare.wait_for_previews()
+    return names
+
+
+# --ab: (variant, patch → undo) pairs, each a bench-only patch of one choice the pack makes
+AB_VARIANTS = {
+    "previews": [("previews_in_line", _patched(compare_node, "write_preview_frames", _previews_in_line)),
+                 ("previews_in_background", lambda: (lambda: None))],
+    "threads": [("x264_threads_auto_per_segment", _patched(video_io, "x264_threads", lambda segments: 0)),
+                ("x264_threads_shared", lambda: (lambda: None))],
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,8 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="CPU, the tiny set through the loader nodes, 192×128×17")
     parser.add_argument("--acceleration", default=None, help="sampler acceleration (default: compile_cuda_graph on "
                         "CUDA, eager on the CPU)")
-    parser.add_argument("--ab-runs", type=int, default=0, help="then N pairs of warm runs: the compare's viewer "
-                        "frames written in line (before the node returns) and in the background")
+    parser.add_argument("--ab-runs", type=int, default=0, help="then N pairs of warm runs, alternating two ways "
+                        "of one choice (--ab)")
+    parser.add_argument("--ab", choices=sorted(AB_VARIANTS), default="threads", help="previews: the compare's "
+                        "viewer frames written in line or in the background; threads: x264's frame threads per "
+                        "segment, its own choice each or shared")
     parser.add_argument("--skip-new-prompt", action="store_true", help="skip the new-prompt encode after run 2")
     parser.add_argument("--offload-first", action="store_true",
                         help="CUDA: move every built module to the CPU before run 1 (as the loaders leave them)")
@@ -299,13 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cold, _, cold_wall = run_graph(prompt, preset, device, heavy)
         warm, _, warm_wall = run_graph(prompt, preset, device, heavy)
-        for run in range(args.ab_runs):  # the same warm graph, the compare's viewer frames written in line or not
-            for variant in ("previews_in_line", "previews_in_background"):
-                if variant == "previews_in_line":
-                    compare_node.write_preview_frames = _in_line(write_in_background)
-                wall = run_graph(prompt, preset, device, heavy)[2]
-                compare_node.write_preview_frames = write_in_background
-                image_compare.wait_for_previews()
+        for run in range(args.ab_runs):  # the same warm graph, alternating the pack's way and the other
+            for variant, patch in AB_VARIANTS[args.ab]:
+                undo = patch()
+                try:
+                    wall = run_graph(prompt, preset, device, heavy)[2]
+                finally:
+                    undo()
+                    image_compare.wait_for_previews()
                 result.setdefault("ab_runs", {}).setdefault(variant, []).append(round(wall, 3))
                 print(f"[bench] warm run, {variant}: {wall:.3f} s", file=sys.stderr, flush=True)
         fresh = dict(prompt)

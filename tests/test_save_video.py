@@ -263,3 +263,28 @@ def test_segment_bounds_and_the_default_count():
     assert video_io.segment_bounds(121, 4) == [(0, 30), (30, 60), (60, 91), (91, 121)]
     assert video_io.segment_bounds(3, 8) == [(0, 1), (1, 2), (2, 3)]
     assert [video_io.default_segments(n) for n in (1, 29, 30, 61, 121, 1000)] == [1, 1, 1, 2, 4, 4]
+
+
+def test_segments_share_one_x264s_worth_of_threads(monkeypatch):
+    """Segments encoding at once split the frame threads one x264 would take (1.5 per core) instead of each taking
+    that many; a single segment leaves the choice to x264 (0)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert video_io.x264_threads(1) == 0
+    assert [video_io.x264_threads(n) for n in (2, 3, 4)] == [12, 8, 6]
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert video_io.x264_threads(4) == 1
+
+
+def test_each_segments_x264_gets_its_share_of_threads(tmp_path, monkeypatch):
+    import av
+    made = []
+    create = av.CodecContext.create
+
+    def spy(*args, **kwargs):
+        made.append(create(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(video_io, "x264_threads", lambda segments: 10 + segments)
+    monkeypatch.setattr(av.CodecContext, "create", spy)
+    video_io.write_mp4(str(tmp_path / "t.mp4"), _frames(9), 24.0, segments=3)
+    assert [c.thread_count for c in made] == [13, 13]  # the two later segments (the first is the stream's own)

@@ -37,10 +37,14 @@ def _chunks(a: torch.Tensor, b: torch.Tensor, device: torch.device | None):
         yield (t[f0:f0 + FRAMES_PER_CHUNK].to(device, dtype, non_blocking=True) for t in (a, b))
 
 
-def _psnr(x: torch.Tensor, y: torch.Tensor) -> list[float]:
-    """Per-frame PSNR of `[F, H, W, 3]` frames; +inf for identical frames."""
-    mse = ((x - y) ** 2).flatten(1).mean(1).double().cpu()
-    return [math.inf if m == 0 else 10 * math.log10(1.0 / float(m)) for m in mse]
+def _mse(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-frame mean squared error of `[F, H, W, 3]` frames (on their device)."""
+    return ((x - y) ** 2).flatten(1).mean(1)
+
+
+def _psnr(mse: torch.Tensor) -> list[float]:
+    """PSNR of each frame's MSE (data range 1); +inf for identical frames."""
+    return [math.inf if m == 0 else 10 * math.log10(1.0 / float(m)) for m in mse.double().cpu()]
 
 
 def _gaussian_window(size: int = 11, sigma: float = 1.5) -> torch.Tensor:
@@ -72,11 +76,11 @@ def _ssim(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def psnr_and_ssim_per_frame(a: torch.Tensor, b: torch.Tensor,
                             device: torch.device | None = None) -> tuple[list[float], list[float]]:
     """(PSNR, SSIM) per frame, B against A, from one pass over the frames: each chunk goes to `device` once."""
-    psnr, ssim = [], []
-    for x, y in _chunks(a, b, device):
-        psnr += _psnr(x, y)
-        ssim += [float(v) for v in _ssim(x, y).double().cpu()]
-    return psnr, ssim
+    mse, ssim = [], []
+    for x, y in _chunks(a, b, device):  # results stay on the device: no wait per chunk for the next one's copy
+        mse.append(_mse(x, y))
+        ssim.append(_ssim(x, y))
+    return _psnr(torch.cat(mse)), [float(v) for v in torch.cat(ssim).double().cpu()]
 
 
 def check_comparable(a: torch.Tensor, b: torch.Tensor, resize: bool) -> torch.Tensor:

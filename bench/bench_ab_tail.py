@@ -1,0 +1,109 @@
+"""The A/B graph's CPU tail without the models: what follows the GPU work, under each save policy.
+
+In the A/B graph (bench/bench_ab_graph.py) the conv save starts when the conv decode ends, the diffusion decode then
+holds the event loop for about a second, and after it the compare runs and the side-by-side save starts; the run
+ends when the last encode does. Here the decodes are replaced by noise frames (what random weights decode to) and
+the diffusion decode by a 1 s wait, and the tail — compare + the three encodes — is timed from the diffusion
+decode's end, per policy (patched for the bench only): the pack's defaults; one x264 per clip (no segments); the
+encodes at the graph's priority; the encodes one at a time.
+
+    python bench/bench_ab_tail.py [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from nodes import comfy_bridge as bridge  # noqa: E402
+from nodes import output  # noqa: E402
+from nodes.compare import LTX25DecoderCompare  # noqa: E402
+from nodes.ltx import background, image_compare, video_io  # noqa: E402
+from nodes.output import LTX25SaveVideo  # noqa: E402
+
+DIFFUSION_DECODE_S = 1.0
+
+
+async def tail(a: torch.Tensor, b: torch.Tensor, ends: dict) -> dict:
+    loop = asyncio.get_running_loop()
+    conv = asyncio.ensure_future(LTX25SaveVideo().save(a, 24.0, "conv"))
+    await asyncio.sleep(0)
+    time.sleep(DIFFUSION_DECODE_S)  # the diffusion decode holds the loop (and feeds the GPU from this thread)
+    start = time.perf_counter()
+    diffusion = asyncio.ensure_future(LTX25SaveVideo().save(b, 24.0, "diffusion"))
+    await asyncio.sleep(0)
+    canvas, report = LTX25DecoderCompare().compare(a, b, "conv VAE", "diffusion VAE", "side_by_side", False)["result"]
+    compare_end = time.perf_counter()
+    side = asyncio.ensure_future(LTX25SaveVideo().save(canvas, 24.0, "side", metadata=report))
+    await asyncio.gather(conv, diffusion, side)
+    end = time.perf_counter()
+    del loop
+    return {"compare_s": round(compare_end - start, 3), "tail_s": round(end - start, 3),
+            **{f"{k}_ends_s": round(v - start, 3) for k, v in ends.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--frames", type=int, default=121)
+    args = parser.parse_args()
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.rand(args.frames, 512, 768, 3, generator=g) for _ in range(2))
+    ends: dict = {}
+    encode = output._encode
+
+    def timed_encode(path, *rest):
+        encode(path, *rest)
+        ends[os.path.basename(path).split("_")[0]] = time.perf_counter()
+
+    one_at_a_time = threading.Lock()
+
+    def serial_encode(path, *rest):
+        with one_at_a_time:
+            timed_encode(path, *rest)
+
+    segments = video_io.default_segments
+    policies = {
+        "defaults": {},
+        "one_x264_per_clip": {"segments": lambda frames: 1},
+        "graph_priority": {"nice": 0},
+        "one_encode_at_a_time": {"serial": True},
+        "one_x264_one_at_a_time": {"segments": lambda frames: 1, "serial": True},
+    }
+    rows = {}
+    with torch.inference_mode(), tempfile.TemporaryDirectory() as folder:
+        bridge.set_output_dir(folder)
+        for repeat in range(args.repeats + 1):  # the first round warms up
+            for name, policy in policies.items():
+                video_io.default_segments = policy.get("segments", segments)
+                output._encode = serial_encode if policy.get("serial") else timed_encode
+                background._POOLS.clear()  # fresh threads at this policy's priority
+                nice = background.NICE
+                background.NICE = policy.get("nice", nice)
+                original_lower = background.lower_priority
+                background.lower_priority = lambda: original_lower(background.NICE)
+                ends.clear()
+                try:
+                    row = asyncio.run(tail(a, b, ends))
+                finally:
+                    background.NICE, background.lower_priority = nice, original_lower
+                    video_io.default_segments, output._encode = segments, encode
+                    image_compare.wait_for_previews()
+                if repeat:
+                    rows.setdefault(name, []).append(row)
+                    print(f"[tail] {name}: {json.dumps(row)}", file=sys.stderr, flush=True)
+    summary = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in rows.items()}
+    print(json.dumps({"cpus": os.cpu_count(), "frames": args.frames, "median": summary}))
+
+
+if __name__ == "__main__":
+    main()
