@@ -5,7 +5,7 @@ holds the event loop for about a second, and after it the compare runs and the s
 ends when the last encode does. Here the decodes are replaced by noise frames (what random weights decode to) and
 the diffusion decode by a 1 s wait, and the tail — compare + the three encodes — is timed from the diffusion
 decode's end, per policy (patched for the bench only): the pack's defaults; one x264 per clip (no segments); the
-encodes at the graph's priority; the encodes one at a time.
+encodes at the graph's priority; the viewer's frames at the saves' priority; the encodes one at a time.
 
     python bench/bench_ab_tail.py [--repeats 3]
 """
@@ -55,6 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--frames", type=int, default=121)
+    parser.add_argument("--policies", default="", help="comma-separated subset (default: all)")
     args = parser.parse_args()
     g = torch.Generator().manual_seed(0)
     a, b = (torch.rand(args.frames, 512, 768, 3, generator=g) for _ in range(2))
@@ -72,13 +73,17 @@ def main() -> None:
             timed_encode(path, *rest)
 
     segments = video_io.default_segments
+    lower_priority, preview_nice = background.lower_priority, background.PREVIEW_NICE
     policies = {
         "defaults": {},
         "one_x264_per_clip": {"segments": lambda frames: 1},
-        "graph_priority": {"nice": 0},
+        "graph_priority": {"graph_priority": True},
+        "previews_at_the_saves_priority": {"preview_nice": background.NICE},
         "one_encode_at_a_time": {"serial": True},
         "one_x264_one_at_a_time": {"segments": lambda frames: 1, "serial": True},
     }
+    if args.policies:
+        policies = {name: policies[name] for name in args.policies.split(",")}
     rows = {}
     with torch.inference_mode(), tempfile.TemporaryDirectory() as folder:
         bridge.set_output_dir(folder)
@@ -87,15 +92,14 @@ def main() -> None:
                 video_io.default_segments = policy.get("segments", segments)
                 output._encode = serial_encode if policy.get("serial") else timed_encode
                 background._POOLS.clear()  # fresh threads at this policy's priority
-                nice = background.NICE
-                background.NICE = policy.get("nice", nice)
-                original_lower = background.lower_priority
-                background.lower_priority = lambda: original_lower(background.NICE)
+                if policy.get("graph_priority"):
+                    background.lower_priority = lambda nice: None
+                background.PREVIEW_NICE = policy.get("preview_nice", preview_nice)
                 ends.clear()
                 try:
                     row = asyncio.run(tail(a, b, ends))
                 finally:
-                    background.NICE, background.lower_priority = nice, original_lower
+                    background.lower_priority, background.PREVIEW_NICE = lower_priority, preview_nice
                     video_io.default_segments, output._encode = segments, encode
                     image_compare.wait_for_previews()
                 if repeat:

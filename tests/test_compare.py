@@ -91,7 +91,7 @@ def test_viewer_frames_are_written_for_both_sides(tmp_path):
 def test_the_compare_returns_before_its_preview_frames_are_written(tmp_path, monkeypatch):
     """The side-by-side save waits for the compare's outputs, not for the viewer's PNGs: they are written on the
     background pool after the node returns (here held back until the node is done), each appearing whole under
-    its final name, at the background pool's lower priority."""
+    its final name, below the saves' priority."""
     import os
     import threading
     from nodes import comfy_bridge
@@ -114,7 +114,7 @@ def test_the_compare_returns_before_its_preview_frames_are_written(tmp_path, mon
     image_compare.wait_for_previews()
     assert all((tmp_path / "temp" / n).is_file() for n in names)
     assert sorted(written) == sorted(str(tmp_path / "temp" / n) + ".part" for n in names)  # then renamed
-    assert set(priorities) == {min(19, os.getpriority(os.PRIO_PROCESS, 0) + background.NICE)}
+    assert set(priorities) == {min(19, os.getpriority(os.PRIO_PROCESS, 0) + background.PREVIEW_NICE)}
 
 
 def test_short_videos_preview_every_frame_and_long_ones_a_spread():

@@ -4,11 +4,13 @@ their cores while the background work uses the idle ones."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 NICE = 10  # how much lower than the caller the pools' threads run (Linux: per thread, inherited by their threads)
+PREVIEW_NICE = NICE + 5  # the viewer's frames yield to the saves: a file the run waits for before a picture
 _POOLS: dict[str, ThreadPoolExecutor] = {}
 _LOCK = threading.Lock()
 
@@ -20,11 +22,11 @@ def lower_priority(nice: int = NICE) -> None:
         os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + nice))
 
 
-def pool(name: str, workers: int = 8) -> ThreadPoolExecutor:
-    """The named background pool (created once). Its threads are not daemons: pending work finishes before the
-    interpreter exits."""
+def pool(name: str, workers: int = 8, nice: int = NICE) -> ThreadPoolExecutor:
+    """The named background pool (created once, `nice` below its creator). Its threads are not daemons: pending
+    work finishes before the interpreter exits."""
     with _LOCK:
         if name not in _POOLS:
             _POOLS[name] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"ltx25-{name}",
-                                              initializer=lower_priority)
+                                              initializer=functools.partial(lower_priority, nice))
         return _POOLS[name]
