@@ -91,6 +91,8 @@ def main() -> None:
             for name, policy in policies.items():
                 video_io.default_segments = policy.get("segments", segments)
                 output._encode = serial_encode if policy.get("serial") else timed_encode
+                for stale in background._POOLS.values():
+                    stale.shutdown()
                 background._POOLS.clear()  # fresh threads at this policy's priority
                 if policy.get("graph_priority"):
                     background.lower_priority = lambda nice: None

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from . import comfy_bridge as bridge
-from .ltx.image_compare import (check_comparable, compare_report, preview_frame_indices, report_json,
+from .ltx.image_compare import (check_comparable, check_labels, compare_report, preview_frame_indices, report_json,
                                 side_by_side, write_preview_frames)
 
 
@@ -36,6 +36,7 @@ class LTX25DecoderCompare:
 
     def compare(self, images_a, images_b, label_a, label_b, layout, resize_b, stats_a=None, stats_b=None):
         images_b = check_comparable(images_a, images_b, resize_b)
+        check_labels(label_a, label_b)  # before the viewer's frames are started
         picks = preview_frame_indices(images_a.shape[0])
         folder = bridge.temp_dir()
         frames = {side: [{"filename": name, "subfolder": "", "type": "temp"}

@@ -55,11 +55,17 @@ class LTX25SaveVideo:
         # on a background pool: a lower priority than the graph's threads (the next decoder, the compare)
         encode = asyncio.get_running_loop().run_in_executor(background.pool("save"), _encode, path, images, fps,
                                                             waveform, rate, tags)
-        try:
-            await asyncio.shield(encode)
-        except asyncio.CancelledError:
-            await encode  # the thread cannot be stopped: its file is finished (or removed) before the run ends
-            raise
+        cancelled = False
+        while True:  # the thread cannot be stopped: its file is finished (or removed) before the run ends
+            try:
+                await asyncio.shield(encode)
+                break
+            except asyncio.CancelledError:
+                if encode.cancelled():
+                    raise
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
         preview = {"filename": filename, "subfolder": subfolder, "type": "output", "format": "video/mp4"}
         return {"ui": {"images": [preview], "animated": (True,)}, "result": (path,)}
 
@@ -67,9 +73,8 @@ class LTX25SaveVideo:
 def _encode(path: str, images: torch.Tensor, fps: float, waveform: torch.Tensor | None, rate: int,
             tags: dict[str, str]) -> None:
     from .ltx.video_io import write_mp4
-    try:
-        with torch.inference_mode():  # thread-local: the worker thread does not inherit the executor's mode
-            write_mp4(path, images, fps, waveform, rate, tags)
+    try:  # on a worker thread, outside the executor's (thread-local) inference mode: write_mp4 only reads
+        write_mp4(path, images, fps, waveform, rate, tags)  # its inputs; each frame is converted in the frame's mode
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -88,6 +89,7 @@ def test_viewer_frames_are_written_for_both_sides(tmp_path):
     assert sorted(p.suffix for p in (tmp_path / "temp").iterdir()) == [".png"] * 48  # no half-written file left
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
 def test_the_compare_returns_before_its_preview_frames_are_written(tmp_path, monkeypatch):
     """The side-by-side save waits for the compare's outputs, not for the viewer's PNGs: they are written on the
     background pool after the node returns (here held back until the node is done), each appearing whole under
@@ -154,3 +156,26 @@ def test_a_preview_frame_that_fails_leaves_no_part_file_and_is_logged(tmp_path, 
         image_compare.wait_for_previews()
     assert len(names) == 2 and list(tmp_path.iterdir()) == []
     assert caplog.text.count("disk full") == 2
+
+
+def test_preview_frames_of_any_float_dtype_are_written(tmp_path):
+    """IMAGE batches may be half precision (or on the GPU with ComfyUI's --gpu-only): the writer converts each
+    frame itself, so nothing fails unseen on the background thread."""
+    names = image_compare.write_preview_frames(frames(n=2).to(torch.bfloat16), str(tmp_path), "p", [0, 1])
+    image_compare.wait_for_previews()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
+
+
+def test_the_canvas_takes_both_halves_whatever_their_dtypes():
+    canvas = image_compare.side_by_side(frames(n=2).half(), frames(1, n=2), "a", "b", "side_by_side")
+    assert canvas.dtype == torch.float32 and canvas.shape == (2, 32, 96, 3)
+
+
+def test_equal_labels_are_refused_before_any_preview_is_started(tmp_path, monkeypatch):
+    from nodes import comfy_bridge
+    comfy_bridge.set_output_dir(str(tmp_path))
+    started = []
+    monkeypatch.setattr("nodes.compare.write_preview_frames", lambda *a: started.append(a) or [])
+    with pytest.raises(LTX25Error, match="label"):
+        LTX25DecoderCompare().compare(frames(), frames(1), "same", "same", "side_by_side", False)
+    assert started == []

@@ -196,7 +196,8 @@ def test_fused_stage5_blocks_plan_with_their_smaller_working_set():
 
     vae = type("V", (), {"parameters": lambda self: iter([torch.zeros(1, dtype=torch.bfloat16)])})()
     assert dv.memory_model(vae, 1, Fused()).stage5_coef == dt.FUSED_STAGE5_COEF == 8.5
-    assert dv.memory_model(vae, 1, na.SdpaNAProcessor()).stage5_coef == dv.memory_model(vae).stage5_coef == 11.0
+    assert dv.memory_model(vae, 1, na.SdpaNAProcessor()).stage5_coef == dv.memory_model(vae).stage5_coef \
+        == dt.DIFFUSERS_STAGE5_COEF == 11.0
 
 
 def test_spans_are_value_objects_without_tensors():

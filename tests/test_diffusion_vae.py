@@ -322,3 +322,38 @@ def test_node_decodes_and_refuses_a_conv_vae(tiny_file):
         node.decode(conv, {"samples": LATENT}, "auto", 0, 0, "auto", 80, 512, 0.0)
     inputs = LTX25DiffusionVAEDecode.INPUT_TYPES()["required"]
     assert all("tooltip" in spec[1] for spec in inputs.values())
+
+
+class _BlendTracker(dict):
+    """The decode's `work` dict, recording the most whole-canvas blend frames alive at once (group + stub)."""
+    most = 0
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        alive = sum(self[k].shape[2] for k in ("acc", "stub") if k in self)
+        type(self).most = max(type(self).most, alive)
+
+
+def test_the_memory_model_counts_the_blend_frames_the_decode_keeps(vae, monkeypatch):
+    """The planner's blend term (the largest temporal group plus the overlap carried from the one before) is what
+    the decode really holds at once: measured on a temporally tiled tiny decode by watching its work tensors."""
+    original = dv._Decode.decode_into
+
+    def tracked(self, work, latent, out_device):
+        tracker = _BlendTracker()
+        try:
+            original(self, tracker, latent, out_device)
+        finally:
+            work.update(tracker)
+
+    _BlendTracker.most = 0
+    monkeypatch.setattr(dv._Decode, "decode_into", tracked)
+    latent = torch.randn(1, 128, 5, 2, 2, generator=torch.Generator().manual_seed(2))
+    dv.decode(vae, latent, processor="sdpa", tiling_mode="manual", tile_frames=16, tile_pixels=4096)
+    schedule = dv.plan(vae, (5, 2, 2), "manual", 16, 4096)
+    assert schedule.grid[0] >= 3, schedule.grid  # a middle group has a stub from before and leaves one behind
+    from nodes.ltx import diffusion_tiling as dt
+    with_blend, without = (dt.MemoryModel(accumulator_bytes=2).estimate(schedule),
+                           dt.MemoryModel(accumulator_bytes=0).estimate(schedule))
+    _, height, width = schedule.canvas
+    assert (with_blend - without) // (3 * height * width * 2) == _BlendTracker.most

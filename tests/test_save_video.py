@@ -184,6 +184,25 @@ def test_encodes_run_below_the_graphs_priority_and_leave_the_callers_alone(outpu
     assert video_io.probe_mp4(path).frames == 9
 
 
+def test_a_run_cancelled_twice_still_waits_for_the_video(output_dir):
+    """A second cancel while the save waits for its encode (the user presses stop again) does not abandon the
+    wait: the task ends cancelled only once the file is whole."""
+    async def main():
+        task = asyncio.ensure_future(LTX25SaveVideo().save(_frames(97, 128, 128), 24.0, "twice"))
+        path = output_dir / "twice_00001_.mp4"
+        while not path.exists() or path.stat().st_size == 0:
+            await asyncio.sleep(0.005)
+        for _ in range(2):
+            task.cancel()
+            await asyncio.sleep(0.01)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return path
+
+    path = asyncio.run(main())
+    assert video_io.probe_mp4(str(path)).frames == 97
+
+
 def test_a_failed_encode_leaves_no_file(output_dir, monkeypatch):
     """The name is reserved before the encode; if the encode fails, the reserved file goes too."""
     def broken(*args, **kwargs):
@@ -259,6 +278,24 @@ def test_segmented_encode_is_one_stream_in_frame_order(tmp_path, fps):
     assert (probe.width, probe.height, probe.audio_channels) == (66, 48, 2)
 
 
+@pytest.mark.parametrize("count, segments", [(5, 2), (9, 4), (12, 5), (17, 2), (40, 4), (2, 4), (1, 3)])
+def test_short_clips_get_segments_long_enough_for_the_b_frame_delay(tmp_path, count, segments):
+    """A segment shorter than x264's B-frame delay has none, and the next segment's first decode time would fall
+    before the previous one's last (the mux then fails): segments hold at least MIN_SEGMENT_FRAMES frames, so any
+    requested count gives a valid file with every frame once, in order."""
+    import av
+    level = torch.linspace(0.05, 0.95, count)
+    frames = torch.zeros(count, 32, 48, 3) + level[:, None, None, None]
+    path = str(tmp_path / "short.mp4")
+    video_io.write_mp4(path, frames, 24.0, segments=segments)
+    with av.open(path) as container:
+        keys = sum(1 for p in container.demux(video=0) if p.size and p.is_keyframe)
+    with av.open(path) as container:
+        means = [float(f.to_ndarray(format="rgb24").mean()) / 255 for f in container.decode(video=0)]
+    assert len(means) == count and max(abs(m - float(v)) for m, v in zip(means, level)) < 0.02
+    assert keys == max(1, min(segments, count // video_io.MIN_SEGMENT_FRAMES))
+
+
 def test_segment_bounds_and_the_default_count():
     assert video_io.segment_bounds(121, 4) == [(0, 30), (30, 60), (60, 91), (91, 121)]
     assert video_io.segment_bounds(3, 8) == [(0, 1), (1, 2), (2, 3)]
@@ -268,10 +305,10 @@ def test_segment_bounds_and_the_default_count():
 def test_segments_share_one_x264s_worth_of_threads(monkeypatch):
     """Segments encoding at once split the frame threads one x264 would take (1.5 per core) instead of each taking
     that many; a single segment leaves the choice to x264 (0)."""
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(video_io, "usable_cores", lambda: 16)
     assert video_io.x264_threads(1) == 0
     assert [video_io.x264_threads(n) for n in (2, 3, 4)] == [12, 8, 6]
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(video_io, "usable_cores", lambda: 2)
     assert video_io.x264_threads(4) == 1
 
 
@@ -286,5 +323,15 @@ def test_each_segments_x264_gets_its_share_of_threads(tmp_path, monkeypatch):
 
     monkeypatch.setattr(video_io, "x264_threads", lambda segments: 10 + segments)
     monkeypatch.setattr(av.CodecContext, "create", spy)
-    video_io.write_mp4(str(tmp_path / "t.mp4"), _frames(9), 24.0, segments=3)
+    video_io.write_mp4(str(tmp_path / "t.mp4"), _frames(24), 24.0, segments=3)
     assert [c.thread_count for c in made] == [13, 13]  # the two later segments (the first is the stream's own)
+
+
+def test_inference_tensors_save_from_the_worker_thread(output_dir):
+    """ComfyUI hands the save inference tensors (its executor runs in inference mode, which is per thread); the
+    encode thread runs outside it and must only read them — odd sizes (padded) and audio included."""
+    with torch.inference_mode():
+        frames, waveform = torch.rand(9, 33, 47, 3), torch.rand(1, 2, 20000) - 0.5
+        path = _save(frames, 24.0, "inference", {"waveform": waveform, "sample_rate": 48000})["result"][0]
+    probe = video_io.probe_mp4(path)
+    assert (probe.frames, probe.width, probe.height, probe.audio_channels) == (9, 48, 34, 2)

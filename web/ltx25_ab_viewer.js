@@ -181,10 +181,12 @@ class AbViewer {
       return;
     }
     const runKey = Date.now().toString(36);
+    const shown = (this.shown = (this.shown ?? 0) + 1);  // a later message stops this one's retries
     const load = (ref) => {
       const image = new Image();
       image.onload = () => this.draw();
-      return loadWithRetry(image, (attempt) => api.apiURL(viewRoute(ref, attempt ? `${runKey}.${attempt}` : runKey)));
+      return loadWithRetry(image, (attempt) => attempt && shown !== this.shown ? null
+        : api.apiURL(viewRoute(ref, attempt ? `${runKey}.${attempt}` : runKey)));
     };
     this.framesA = payload.framesA.map(load);
     this.framesB = payload.framesB.map(load);

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,14 +18,17 @@ _LOCK = threading.Lock()
 
 def lower_priority(nice: int = NICE) -> None:
     """Lower the calling thread's priority by `nice`; threads it starts later (x264's, a converter's) inherit it."""
-    with contextlib.suppress(AttributeError, OSError):  # no setpriority (Windows), or not allowed
+    if not sys.platform.startswith("linux"):  # elsewhere the call renices a whole process, perhaps another one
+        return
+    with contextlib.suppress(OSError):  # not allowed
         me = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + nice))
 
 
 def pool(name: str, workers: int = 8, nice: int = NICE) -> ThreadPoolExecutor:
-    """The named background pool (created once, `nice` below its creator). Its threads are not daemons: pending
-    work finishes before the interpreter exits."""
+    """The named background pool, created by the first call (later calls get it as it is). Each worker runs `nice`
+    below the thread whose `submit` started it. The threads are not daemons: pending work finishes before the
+    interpreter exits."""
     with _LOCK:
         if name not in _POOLS:
             _POOLS[name] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"ltx25-{name}",

@@ -282,12 +282,14 @@ def memory_model(vae: DiffusionVAE, batch: int = 1,
     fused = processor is not None and processor.fused_block
     return tiling.MemoryModel(element_bytes=element, accumulator_bytes=2 if element == 2 else element, batch=batch,
                               processor_scratch=scratch,
-                              stage5_coef=tiling.FUSED_STAGE5_COEF if fused else tiling.MemoryModel.stage5_coef)
+                              stage5_coef=tiling.FUSED_STAGE5_COEF if fused else tiling.DIFFUSERS_STAGE5_COEF)
 
 
 def decode_memory_estimate(vae: DiffusionVAE, latent_shape: tuple[int, ...]) -> int:
     """Bytes an untiled decode of `[B, 128, T, H, W]` needs beyond the weights: what model management is asked
-    to free before the decode (auto tiling then plans within whatever is actually free)."""
+    to free before the decode (auto tiling then plans within whatever is actually free). No processor is known
+    yet, so diffusers' block's larger working set is assumed: model management frees a little more than a fused
+    decode uses, never less."""
     schedule = tiling.build_schedule(vae.config.geometry(), tuple(latent_shape[2:]))
     return memory_model(vae, latent_shape[0]).estimate(schedule)
 

@@ -114,13 +114,19 @@ def side_by_side(a: torch.Tensor, b: torch.Tensor, label_a: str, label_b: str, l
     origins = ((0, 0), (0, width) if layout == "side_by_side" else (height, 0))
     frames = a.shape[0]
     canvas = torch.empty(frames, *((height, 2 * width) if layout == "side_by_side" else (2 * height, width)), 3,
-                         dtype=a.dtype, device=a.device)
+                         dtype=torch.result_type(a, b), device=a.device)
     for half, (y0, x0) in zip((a, b), origins):  # clamped straight into place: one pass, no concatenated copy
-        torch.clamp(half, 0, 1, out=canvas[:, y0:y0 + height, x0:x0 + width])
+        torch.clamp(half.to(canvas.dtype), 0, 1, out=canvas[:, y0:y0 + height, x0:x0 + width])
     for text, (y0, x0) in zip((label_a, label_b), origins):
         patch = _label_patch(text, height, width)
         canvas[:, y0:y0 + patch.shape[0], x0:x0 + patch.shape[1]] = patch
     return canvas
+
+
+def check_labels(label_a: str, label_b: str) -> None:
+    if label_a == label_b:
+        raise LTX25Error("label_b", "the label", repr(label_b), "different from label_a",
+                         "The report keys each decoder by its label.")
 
 
 def _finite(x: float) -> float | str:
@@ -130,12 +136,10 @@ def _finite(x: float) -> float | str:
 def compare_report(a: torch.Tensor, b: torch.Tensor, labels: tuple[str, str],
                    stats: Mapping[str, DecodeStats | None], device: torch.device | None = None) -> dict:
     """The A/B report: per-frame and mean PSNR/SSIM (B against A, computed on `device`) plus each decoder's cost."""
+    check_labels(*labels)
     psnr, ssim = psnr_and_ssim_per_frame(a, b, device)
     mean_psnr = math.inf if all(math.isinf(p) for p in psnr) else float(np.mean([min(p, 100.0) for p in psnr]))
     decoders = {}
-    if labels[0] == labels[1]:
-        raise LTX25Error("label_b", "the label", repr(labels[1]), "different from label_a",
-                         "The report keys each decoder by its label.")
     for label, s in zip(labels, stats.values()):
         decoders[label] = None if s is None else {
             "decoder": s.decoder, "seconds": round(s.seconds, 4), "peak_memory_gib": round(s.peak_memory_bytes / 2**30, 3),
@@ -169,10 +173,11 @@ def write_preview_frames(frames: torch.Tensor, folder: str, prefix: str, picks: 
     names = [f"{prefix}_{tag}_{index:05d}.png" for index in picks]
 
     def write(index: int, name: str) -> None:
-        pixels = (frames[index].clamp(0, 1).numpy() * 255).round().astype(np.uint8)
         path = os.path.join(folder, name)
         try:
-            Image.fromarray(pixels).save(path + ".part", format="png", compress_level=1)  # ComfyUI's preview level
+            pixels = (frames[index].detach().to("cpu", torch.float32).clamp(0, 1).numpy() * 255).round()
+            Image.fromarray(pixels.astype(np.uint8)).save(path + ".part", format="png",
+                                                          compress_level=1)  # ComfyUI's preview level
             os.replace(path + ".part", path)
         except Exception as error:  # nothing to raise into: the node has returned
             with contextlib.suppress(FileNotFoundError):

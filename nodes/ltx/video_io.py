@@ -115,7 +115,12 @@ def x264_threads(segments: int) -> int:
     """Frame threads per x264 when `segments` encode at once: together as many as one x264 takes by itself
     (1.5 per core), not that many each — four segments of three saves made ~300 threads on 16 cores. 0 = x264's
     own choice (one segment)."""
-    return 0 if segments <= 1 else max(1, round(1.5 * (os.cpu_count() or 1) / segments))
+    return 0 if segments <= 1 else max(1, round(1.5 * usable_cores() / segments))
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, as x264 counts them), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _encode_segment(frames: torch.Tensor, start: int, stop: int, rate: Fraction, options: dict[str, str],
@@ -136,6 +141,11 @@ def segment_bounds(frames: int, segments: int) -> list[tuple[int, int]]:
     segments = max(1, min(segments, frames))
     cuts = [round(i * frames / segments) for i in range(segments + 1)]
     return list(zip(cuts[:-1], cuts[1:]))
+
+
+# A segment must hold x264's B-frame delay (3 frames at "veryfast"): a shorter one has none, and the next segment's
+# first decode time then falls before its last one. 8 leaves room for any preset's delay.
+MIN_SEGMENT_FRAMES = 8
 
 
 def default_segments(frames: int) -> int:
@@ -167,7 +177,7 @@ def write_mp4(path: str, frames: torch.Tensor, fps: float, audio: torch.Tensor |
         video.width, video.height, video.pix_fmt = width, height, "yuv420p"
         options = {"crf": str(crf), "preset": X264_PRESET}
         segments = default_segments(frames.shape[0]) if segments is None else segments
-        first, *later = segment_bounds(frames.shape[0], segments)
+        first, *later = segment_bounds(frames.shape[0], max(1, min(segments, frames.shape[0] // MIN_SEGMENT_FRAMES)))
         threads = x264_threads(1 + len(later))
         video.options = dict(options)
         video.codec_context.thread_type, video.codec_context.thread_count = _THREAD_TYPE, threads

@@ -46,11 +46,16 @@ export function readAbPayload(ab, reportFrames) {
  * Point `image` at `urlFor(0)`, and after a failed load try `urlFor(1)`, `urlFor(2)`, … every `delayMs`, at most
  * `retries` times: the compare node writes its preview frames in the background after it returns, so a frame may
  * not be on the server yet when the viewer asks. Each attempt has its own URL, so no failure is served from cache.
+ * `urlFor` returning null stops the retries (the viewer has moved on to another run's frames).
  */
 export function loadWithRetry(image, urlFor, retries = 40, delayMs = 250, schedule = setTimeout) {
   let attempt = 0;
   image.onerror = () => {
-    if (attempt < retries) schedule(() => { image.src = urlFor(++attempt); }, delayMs);
+    if (attempt >= retries) return;
+    schedule(() => {
+      const url = urlFor(++attempt);
+      if (url !== null) image.src = url;
+    }, delayMs);
   };
   image.src = urlFor(0);
   return image;

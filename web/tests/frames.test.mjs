@@ -58,3 +58,16 @@ test("a preview frame not written yet is asked for again, each time under a new 
   image.onerror();
   assert.equal(pending.length, 0, "after `retries` attempts the viewer stops asking");
 });
+
+test("retries stop once the viewer has moved on to another run", () => {
+  const pending = [];
+  const image = {};
+  let current = true;
+  loadWithRetry(image, (attempt) => (attempt && !current ? null : `/view?rand=k.${attempt}`), 5, 250,
+    (fn) => pending.push(fn));
+  image.onerror();
+  current = false;
+  pending.shift()();
+  assert.equal(image.src, "/view?rand=k.0", "a stale frame is not asked for again");
+  assert.equal(pending.length, 0);
+});
