@@ -143,8 +143,8 @@ def segment_bounds(frames: int, segments: int) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:]))
 
 
-# A segment must hold x264's B-frame delay (3 frames at "veryfast"): a shorter one has none, and the next segment's
-# first decode time then falls before its last one. 8 leaves room for any preset's delay.
+# A segment must be longer than x264's B-frame delay: one of 1-2 frames has none, and the next segment's first
+# decode time then falls before its last one (seen at 5 frames in 2 segments). 8 keeps well clear of that.
 MIN_SEGMENT_FRAMES = 8
 
 
