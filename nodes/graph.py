@@ -90,10 +90,15 @@ def validate(prompt: Mapping[str, dict], classes: Mapping[str, type]) -> None:
                     raise GraphError(node_id, class_type, name, "required input missing")
                 continue
             value = given[name]
-            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
+            if is_link(value):
                 _check_link(prompt, classes, node_id, class_type, name, kind, value)
             else:
                 _check_widget(node_id, class_type, name, kind, options, value)
+
+
+def is_link(value: Any) -> bool:
+    """An API-format input that links another node's output: [node_id, output_index]."""
+    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
 
 
 def _check_link(prompt, classes, node_id, class_type, name, kind, link) -> None:
@@ -140,7 +145,7 @@ def execution_order(prompt: Mapping[str, dict]) -> list[str]:
             raise GraphError(node_id, prompt[node_id]["class_type"], None, "is part of a cycle")
         state[node_id] = 1
         for value in prompt[node_id].get("inputs", {}).values():
-            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
+            if is_link(value):
                 visit(value[0])
         state[node_id] = 2
         order.append(node_id)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 from . import NODE_CLASS_MAPPINGS, comfy_bridge
-from .graph import GraphError, execution_order, ui_to_api, validate
+from .graph import GraphError, execution_order, is_link, ui_to_api, validate
 from .ltx import image_compare
 from .ltx.errors import LTX25Error
 
@@ -52,8 +52,7 @@ def is_async(node_class: type) -> bool:
 
 
 def _sources(node: Mapping[str, Any]) -> set[str]:
-    return {value[0] for value in node.get("inputs", {}).values()
-            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)}
+    return {value[0] for value in node.get("inputs", {}).values() if is_link(value)}
 
 
 def _pick(ready: list[str], prompt: Mapping[str, dict], classes: Mapping[str, type]) -> str:
@@ -161,8 +160,7 @@ async def _execute(prompt, classes, preset, on_start, on_end, run: set[str]) -> 
         node_id = _pick(ready, prompt, classes)
         waiting.remove(node_id)
         node, cls = prompt[node_id], classes[prompt[node_id]["class_type"]]
-        kwargs = {name: outputs[value[0]][value[1]]
-                  if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) else value
+        kwargs = {name: outputs[value[0]][value[1]] if is_link(value) else value
                   for name, value in node["inputs"].items()}
         print(f"[run] {node_id} {node.get('_meta', {}).get('title', node['class_type'])}", file=sys.stderr, flush=True)
         if on_start is not None:
