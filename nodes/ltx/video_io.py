@@ -123,12 +123,12 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _encode_segment(frames: torch.Tensor, start: int, stop: int, rate: Fraction, options: dict[str, str],
-                    threads: int) -> tuple[bytes, list[av.Packet]]:
-    """Frames [start, stop) through an x264 of their own set up as the mp4 stream's: (its parameter sets, packets)."""
+def _encode_segment(frames: torch.Tensor, start: int, stop: int, size: tuple[int, int], rate: Fraction,
+                    options: dict[str, str], threads: int) -> tuple[bytes, list[av.Packet]]:
+    """Frames [start, stop) through an x264 of their own set up as the mp4 stream's (`size` = its even width and
+    height): (its parameter sets, packets)."""
     context = av.CodecContext.create("libx264", "w")
-    context.width, context.height, context.pix_fmt = frames.shape[2] + frames.shape[2] % 2, \
-        frames.shape[1] + frames.shape[1] % 2, "yuv420p"
+    (context.width, context.height), context.pix_fmt = size, "yuv420p"
     context.time_base, context.framerate = 1 / rate, rate
     context.flags |= av.codec.context.Flags.global_header  # parameter sets out of band, as the mp4 stream's
     context.options, context.thread_type, context.thread_count = options, _THREAD_TYPE, threads
@@ -187,7 +187,8 @@ def write_mp4(path: str, frames: torch.Tensor, fps: float, audio: torch.Tensor |
                 raise LTX25Error("audio", "the waveform shape", list(audio.shape), "[C, S] with C = 1 or 2")
             sound = container.add_stream("aac", rate=sample_rate, layout="stereo" if audio.shape[0] == 2 else "mono")
         with ThreadPoolExecutor(max_workers=max(1, len(later)), thread_name_prefix="ltx25-x264") as pool:
-            pending = [pool.submit(_encode_segment, frames, start, stop, rate, options, threads) for start, stop in later]
+            pending = [pool.submit(_encode_segment, frames, start, stop, (width, height), rate, options,
+                                   threads) for start, stop in later]
             for packet in _encoded(video.encode, frames, *first):
                 container.mux(packet)
             for job in pending:
