@@ -30,8 +30,8 @@ STAGES = {
     4: ((65, 64, 96), 8, (3, 5, 5)),
     5: ((121, 128, 192), 4, (11, 11, 11)),
 }
-DEFAULT_CONFIGS = ("4x4x8/64/4/2,4x4x8/64/8/2,4x4x8/32/4/2,4x4x8/128/8/2,2x8x8/64/4/2,4x8x4/64/4/2,8x4x4/64/4/2,"
-                   "4x4x4/64/4/2,2x4x8/64/4/2,4x4x8/64/4/3,2x4x16/64/4/2,1x8x16/64/4/2")
+DEFAULT_CONFIGS = ("4x4x8/64/4/3,4x4x8/64/8/3,4x4x8/64/4/2,4x4x8/64/4/4,4x4x4/64/4/3,2x8x8/64/4/3,4x8x4/64/4/3,"
+                   "4x4x8/32/4/3,4x4x8/128/8/3,2x4x8/64/4/3,4x4x4/64/8/3")
 
 
 def parse_config(text: str) -> na_triton.KernelConfig:
@@ -57,7 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", default="1,2,3,4,5")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="tile/block_n/warps/stages, comma-separated")
-    parser.add_argument("--small-configs", default="4x4x8/64/4/2,2x8x8/64/4/2,1x8x16/64/4/2,2x4x16/64/4/2",
+    parser.add_argument("--small-configs", default="4x4x8/64/4/3,2x8x8/64/4/3,4x4x4/64/4/3,2x4x16/64/4/3",
                         help="configs tried on stages 1-4")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_na_kernel.json"))

@@ -6,12 +6,20 @@ must be built on the user's machine. Blocked SDPA (`na3d_sdpa`) first copies eac
 the keys) and then scores a 3.9× superset of every window.
 
 This kernel reads keys straight from the `[B, T, H, W, heads, D]` tensors. One program takes a 3-D query tile
-(`tile` = (t, h, w) queries) of one (batch, head); the union of its queries' windows is a box of at most
-`(t + k_t − 1) × (h + k_h − 1) × (w + k_w − 1)` keys, enumerated in blocks of `block_n` tokens loaded by address
-(each token's head slice is one contiguous row), scored with `tl.dot`, and masked per query to its own window with
-an online softmax (flash attention). Windows follow `window_start`: exactly `k` keys from `clamp(i − k//2, 0, L − k)`
-per axis, shifted inward at the borders, never truncated. At 4×4×8 query tiles and k = 11 each query scores
-14·14·18 = 3528 keys for its 1331 (2.65×), with nothing gathered.
+(`tile` = (t, h, w) queries) of one (batch, head); the union of its queries' windows lies in a box of
+`(t + k_t − 1) × (h + k_h − 1) × (w + k_w − 1)` keys (clipped to the grid; one shape for every program), enumerated
+in blocks of `block_n` tokens loaded by address (each token's head slice is one contiguous row), scored with
+`tl.dot`, and masked per query to its own window with an online softmax (flash attention). Windows follow
+`window_start`: exactly `k` keys from `clamp(i − k//2, 0, L − k)` per axis, shifted inward at the borders, never
+truncated. At 4×4×8 query tiles and k = 11 each query scores 14·14·18 = 3528 keys for its 1331 (2.65×), with
+nothing gathered.
+
+The window mask runs on the tensor cores. Testing each score against the query's window (three subtractions and
+compares, ands, a select) took half of stage 5's kernel time (63 ms against 33 ms with no mask at all, H200). Instead
+each key carries a one-hot of its box coordinate per axis (`_key_onehots`, the same table for every program, since
+the box has one shape) and each query a row that is 0 at the coordinates inside its window and −`FAR` outside; their
+product, accumulated into the same `tl.dot` as q·k, adds exactly 0 to the window's scores (sums of exact zeros) and
+at least `FAR` below to every other, whose exp2 is then exactly 0 (44 ms).
 
 Exactness is tested against the dense window-masked reference with Triton's interpreter on the CPU
 (`TRITON_INTERPRET=1`, tests/test_na_triton.py); on the GPU the compiled kernel runs.
@@ -85,12 +93,13 @@ def _define_kernel():
     """The kernel, defined only where Triton imports. (Module level, not a closure: Triton's interpreter patches
     `tl` in the kernel's globals.)"""
     @triton.jit
-    def na3d_fwd(q_ptr, k_ptr, v_ptr, o_ptr,
-                 T, H, W, heads,
+    def na3d_fwd(q_ptr, k_ptr, v_ptr, o_ptr, onehot_ptr,
+                 T, H, W, heads, LT, LH, LW,
                  s_b, s_t, s_h, s_w, s_head,
                  o_b, o_t, o_h, o_w, o_head,
                  KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                  QT: tl.constexpr, QH: tl.constexpr, QW: tl.constexpr,
+                 ST: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, ENC: tl.constexpr, FAR: tl.constexpr,
                  D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
         BLOCK_M: tl.constexpr = QT * QH * QW
         tile = tl.program_id(0)
@@ -114,43 +123,46 @@ def _define_kernel():
         start_t = tl.minimum(tl.maximum(qt - KT // 2, 0), T - KT)
         start_h = tl.minimum(tl.maximum(qh - KH // 2, 0), H - KH)
         start_w = tl.minimum(tl.maximum(qw - KW // 2, 0), W - KW)
-        # the key box: window starts are monotonic in the query, so the first and last query bound it
-        box_t = tl.minimum(tl.maximum(t0 - KT // 2, 0), T - KT)
-        box_h = tl.minimum(tl.maximum(h0 - KH // 2, 0), H - KH)
-        box_w = tl.minimum(tl.maximum(w0 - KW // 2, 0), W - KW)
-        len_t = tl.minimum(tl.maximum(tl.minimum(t0 + QT, T) - 1 - KT // 2, 0), T - KT) + KT - box_t
-        len_h = tl.minimum(tl.maximum(tl.minimum(h0 + QH, H) - 1 - KH // 2, 0), H - KH) + KH - box_h
-        len_w = tl.minimum(tl.maximum(tl.minimum(w0 + QW, W) - 1 - KW // 2, 0), W - KW) + KW - box_w
-        keys = len_t * len_h * len_w
+        # the key box (LT × LH × LW): window starts are monotonic in the query, so it starts at the first query's
+        # window, moved back where it would pass the grid's end
+        box_t = tl.minimum(tl.minimum(tl.maximum(t0 - KT // 2, 0), T - KT), T - LT)
+        box_h = tl.minimum(tl.minimum(tl.maximum(h0 - KH // 2, 0), H - KH), H - LH)
+        box_w = tl.minimum(tl.minimum(tl.maximum(w0 - KW // 2, 0), W - KW), W - LW)
+        keys = LT * LH * LW
 
         d = tl.arange(0, D_PAD)
         d_valid = d < D
         base = b.to(tl.int64) * s_b + head * s_head
         q_rows = base + qt.to(tl.int64) * s_t + qh * s_h + qw * s_w
         q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=d_valid[None, :], other=0.0)
+        # the query's side of the mask: columns [0, ST) are box frames, [ST, ST + SH) rows, [ST + SH, ...) columns
+        c = tl.arange(0, ENC)
+        in_t = ((c[None, :] - (start_t - box_t)[:, None]).to(tl.uint32) < KT) & (c < ST)[None, :]
+        in_h = ((c[None, :] - ST - (start_h - box_h)[:, None]).to(tl.uint32) < KH) & (c >= ST)[None, :]
+        in_w = ((c[None, :] - ST - SH - (start_w - box_w)[:, None]).to(tl.uint32) < KW) & (c >= ST + SH)[None, :]
+        window = tl.where(in_t | in_h | in_w | (c >= ST + SH + SW)[None, :], 0.0, -FAR).to(q.dtype)
 
         LOG2E: tl.constexpr = 1.4426950408889634
-        # a finite start: a key block may hold none of a row's window keys, and −inf − (−inf) would be NaN
+        # a key block may hold none of a row's window keys: its scores then count until a block that does, whose
+        # larger maximum (by at least FAR) rescales them to exactly 0
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
         for first in range(0, keys, BLOCK_N):
             n = first + tl.arange(0, BLOCK_N)
             k_valid = n < keys
-            kt = box_t + n // (len_h * len_w)
-            kh = box_h + (n // len_w) % len_h
-            kw = box_w + n % len_w
+            kt = box_t + n // (LH * LW)
+            kh = box_h + (n // LW) % LH
+            kw = box_w + n % LW
             k_rows = base + kt.to(tl.int64) * s_t + kh * s_h + kw * s_w
             k_mask = k_valid[:, None] & d_valid[None, :]
             k = tl.load(k_ptr + k_rows[:, None] + d[None, :], mask=k_mask, other=0.0)
             v = tl.load(v_ptr + k_rows[:, None] + d[None, :], mask=k_mask, other=0.0)
-            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * LOG2E
-            inside = ((kt[None, :] - start_t[:, None]).to(tl.uint32) < KT) \
-                & ((kh[None, :] - start_h[:, None]).to(tl.uint32) < KH) \
-                & ((kw[None, :] - start_w[:, None]).to(tl.uint32) < KW) & k_valid[None, :]
-            scores = tl.where(inside, scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, 1))
-            p = tl.exp2(scores - m_new[:, None])
+            onehots = tl.load(onehot_ptr + n[:, None] * ENC + c[None, :])
+            scores = tl.dot(q, tl.trans(k), acc=tl.dot(window, tl.trans(onehots), input_precision=PRECISION),
+                            input_precision=PRECISION)
+            m_new = tl.maximum(m_i, tl.max(scores, 1) * LOG2E)
+            p = tl.exp2(scores * LOG2E - m_new[:, None])
             alpha = tl.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
@@ -247,12 +259,49 @@ def na3d_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: 
     grid = (-(-t // qt) * -(-h // qh) * -(-w // qw), b * heads)
     if _kernel is None:
         raise LTX25Error(WHERE, "triton", "not installed", "Triton (it comes with CUDA builds of torch)")
+    box = tuple(min(tile + kk - 1, n) for tile, kk, n in zip(config.tile, kernel_size, (t, h, w)))
+    sections = _onehot_sections(config.tile, kernel_size)
+    onehots = _key_onehots(box, sections, config.block_n, q.dtype, q.device)
     with on_device(q.device):
-        _kernel[grid](q, k, v, out, t, h, w, heads, *q.stride()[:5], *out.stride()[:5],
-                      *kernel_size, qt, qh, qw, dim, max(16, 1 << (dim - 1).bit_length()), config.block_n,
+        _kernel[grid](q, k, v, out, onehots, t, h, w, heads, *box, *q.stride()[:5], *out.stride()[:5],
+                      *kernel_size, qt, qh, qw, *sections, onehots.shape[1], _FAR[q.dtype],
+                      dim, max(16, 1 << (dim - 1).bit_length()), config.block_n,
                       "ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32, not TF32
                       num_warps=config.num_warps, num_stages=config.num_stages)
     return out
+
+
+# how far below the window's scores the others are put: a power of two the dtype holds exactly (fp16 tops out at
+# 65504); far beyond any score of normed q·k, so their exp2 underflows to exactly 0
+_FAR = {torch.float16: 2.0 ** 15, torch.bfloat16: 2.0 ** 64, torch.float32: 2.0 ** 64}
+
+
+def _onehot_sections(tile: tuple[int, int, int], kernel_size: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Columns of the one-hot per axis: the box's largest length, at least 16 (tl.dot's least K); the frame
+    section keeps one more column, outside every window, for the padding keys of the last block."""
+    longest = [q + kk - 1 for q, kk in zip(tile, kernel_size)]
+    return (max(16, _pow2(longest[0] + 1)), max(16, _pow2(longest[1])), max(16, _pow2(longest[2])))
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=64)
+def _key_onehots(box: tuple[int, int, int], sections: tuple[int, int, int], block_n: int, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+    """The keys' side of the mask, one row per key of the box in the kernel's order (frame-major) padded to whole
+    key blocks: 1 at the key's frame, row and column in their sections; padding rows at the spare frame column.
+    The same for every program and every call of a shape, so built once."""
+    keys = box[0] * box[1] * box[2]
+    n = torch.arange(-(-keys // block_n) * block_n, device=device)
+    frame = torch.where(n < keys, n // (box[1] * box[2]), box[0])
+    row = torch.where(n < keys, sections[0] + (n // box[2]) % box[1], box[0])
+    column = torch.where(n < keys, sections[0] + sections[1] + n % box[2], box[0])
+    onehots = torch.zeros(len(n), _pow2(sum(sections)), dtype=dtype, device=device)
+    for section in (frame, row, column):
+        onehots[n, section] = 1
+    return onehots
 
 
 def on_device(device: torch.device):
