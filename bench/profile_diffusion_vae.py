@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latent", default="16,16,24", help="latent T,H,W (16,16,24 → 768×512×121)")
     parser.add_argument("--out-dir", default=os.environ.get("OUT", "."))
     parser.add_argument("--skip-profiler", action="store_true")
+    parser.add_argument("--skip-variants", action="store_true", help="no per-shape attention variants (part 3)")
     parser.add_argument("--processor", default="auto", help="the processor decoded with (a na_attention name)")
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
     blocks = [(1, 1)] if args.smoke else [(4, 8), (8, 16), (16, 16), (4, 4)]
     results["attention"] = {}
-    for key, (shape, kernel) in timed.shapes.items():
+    for key, (shape, kernel) in ({} if args.skip_variants else timed.shapes).items():
         results["attention"][key] = attention_variants(shape, kernel, device, dtype, blocks)
         with open(os.path.join(args.out_dir, "profile_diffusion_vae.json"), "w") as f:
             json.dump(results, f, indent=1)

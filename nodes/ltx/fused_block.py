@@ -7,20 +7,38 @@ product as two more passes). At 768×512×121 (2.97 M tokens × 256 channels, ei
 and adds at 130 ms more: each a full pass over a 1.5 GB tensor.
 
 Here each norm·modulation is one Triton pass (float32 math, one rounding), the residuals are added in place (the
-SwiGLU's down projection accumulates straight into the hidden state with `addmm_`), and silu·gate is one pass in
-place. Same math as the reference; bf16 results differ by rounding only (the reference rounds after the norm and
-after each modulation step). Tested in float32 through Triton's interpreter against diffusers' own forward.
+SwiGLU's down projection accumulates straight into the hidden state with `addmm_`), and the gate and up projections
+are one Triton GEMM whose epilogue applies silu(gate)·up (`swiglu_hidden`): the two hidden-width projections never
+reach memory, only their product (before: two cuBLAS GEMMs and a silu·gate pass reading both, 35 ms of them in the
+pass alone at 768×512×121). Same math as the reference; bf16 results differ by rounding only (the reference rounds
+after the norm, after each modulation step and after each projection). Tested in float32 through Triton's
+interpreter against diffusers' own forward.
 """
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from .na_triton import on_device, tl, triton
 
-SWIGLU_TOKENS = 32768  # tokens per SwiGLU tile: two hidden-width bf16 temporaries of 64 MiB at C = 256
+SWIGLU_TOKENS = 65536  # tokens per SwiGLU tile: one hidden-width bf16 temporary, 128 MiB at C = 256 (hidden 1024)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """`swiglu_hidden`'s launch: output block (tokens × hidden channels), K step, warps, pipeline stages. The
+    default was the fastest of 8 shapes on a 65536-token tile (0.235 ms; cuBLAS's two projections alone 0.149 ms,
+    with silu·up as torch ops 0.315 ms; bench/bench_swiglu.py, H200)."""
+    block_m: int = 128
+    block_n: int = 64
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+SWIGLU_GEMM = GemmConfig()
 
 
 def _define_kernels():
@@ -41,16 +59,31 @@ def _define_kernels():
         tl.store(o_ptr + at, y.to(o_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def silu_mul_(gate_ptr, up_ptr, n, BLOCK: tl.constexpr):
-        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        gate = tl.load(gate_ptr + i, mask=i < n, other=0.0).to(tl.float32)
-        up = tl.load(up_ptr + i, mask=i < n, other=0.0).to(tl.float32)
-        tl.store(gate_ptr + i, (gate * tl.sigmoid(gate) * up).to(gate_ptr.dtype.element_ty), mask=i < n)
+    def swiglu_hidden(x_ptr, gate_ptr, up_ptr, o_ptr, M, N, K, s_x, s_w, s_o,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PRECISION: tl.constexpr):
+        tiles_n = tl.cdiv(N, BLOCK_N)
+        # neighbouring programs share the token rows (read once from memory); the weights stay in L2
+        m = (tl.program_id(0) // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+        n = (tl.program_id(0) % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + m.to(tl.int64)[:, None] * s_x + k[None, :],
+                        mask=(m < M)[:, None] & (k < K)[None, :], other=0.0)
+            w_mask = (k < K)[:, None] & (n < N)[None, :]
+            w_at = n[None, :] * s_w + k[:, None]                           # [K, N] views of the [N, K] weights
+            gate = tl.dot(x, tl.load(gate_ptr + w_at, mask=w_mask, other=0.0), gate, input_precision=PRECISION)
+            up = tl.dot(x, tl.load(up_ptr + w_at, mask=w_mask, other=0.0), up, input_precision=PRECISION)
+        hidden = gate * tl.sigmoid(gate) * up
+        tl.store(o_ptr + m.to(tl.int64)[:, None] * s_o + n[None, :], hidden.to(o_ptr.dtype.element_ty),
+                 mask=(m < M)[:, None] & (n < N)[None, :])
 
-    return norm_modulate, silu_mul_
+    return norm_modulate, swiglu_hidden
 
 
-_norm_modulate_kernel, _silu_mul_kernel = _define_kernels() if triton is not None else (None, None)
+_norm_modulate_kernel, _swiglu_kernel = _define_kernels() if triton is not None else (None, None)
 
 
 def norm_modulate(x: torch.Tensor, norm: torch.nn.RMSNorm, scale: torch.Tensor, shift: torch.Tensor,
@@ -69,16 +102,30 @@ def norm_modulate(x: torch.Tensor, norm: torch.nn.RMSNorm, scale: torch.Tensor, 
     return out
 
 
-def swiglu_add_(mlp, x: torch.Tensor, out: torch.Tensor, tokens: int = SWIGLU_TOKENS) -> None:
+def swiglu_hidden(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, config: GemmConfig = SWIGLU_GEMM
+                  ) -> torch.Tensor:
+    """`silu(x @ gate.T) * (x @ up.T)` for `x` `[M, K]` (rows contiguous) and bias-free weights `[N, K]`, in one
+    GEMM with float32 accumulators and one rounding."""
+    x, gate, up = x.contiguous(), gate.contiguous(), up.contiguous()
+    (tokens, channels), hidden = x.shape, gate.shape[0]
+    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(tokens, config.block_m) * triton.cdiv(hidden, config.block_n),)
+    with on_device(x.device):
+        _swiglu_kernel[grid](x, gate, up, out, tokens, hidden, channels, x.stride(0), gate.stride(0), out.stride(0),
+                             config.block_m, config.block_n, config.block_k,
+                             "ieee" if x.dtype == torch.float32 else "tf32",  # float32 stays float32, not TF32
+                             num_warps=config.num_warps, num_stages=config.num_stages)
+    return out
+
+
+def swiglu_add_(mlp, x: torch.Tensor, out: torch.Tensor, tokens: int = SWIGLU_TOKENS,
+                config: GemmConfig = SWIGLU_GEMM) -> None:
     """`out += mlp(x)` for diffusers' `LTX2VideoVaeSwiGLU` (`w_down(silu(w_gate(x)) · w_up(x))`), in token tiles."""
     flat_x, flat_out = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1])
     down = mlp.w_down.weight.t()
     for start in range(0, flat_x.shape[0], tokens):
-        part = flat_x[start:start + tokens]
-        gate, up = F.linear(part, mlp.w_gate.weight), F.linear(part, mlp.w_up.weight)
-        with on_device(x.device):
-            _silu_mul_kernel[(-(-gate.numel() // 1024),)](gate, up, gate.numel(), 1024)
-        flat_out[start:start + tokens].addmm_(gate, down)
+        hidden = swiglu_hidden(flat_x[start:start + tokens], mlp.w_gate.weight, mlp.w_up.weight, config)
+        flat_out[start:start + tokens].addmm_(hidden, down)
 
 
 def block_forward(block, hidden_states: torch.Tensor, latent_context: torch.Tensor,

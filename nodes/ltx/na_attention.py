@@ -221,12 +221,16 @@ def project_qkv(attn, hidden_states: torch.Tensor, fused: bool = False) -> tuple
     if not math.log2(attn.scale).is_integer():
         return attn.project_qkv(hidden_states)
     shape = (*hidden_states.shape[:4], attn.heads, attn.head_dim)
+    if fused:  # one projection for q|k|v (the hidden state is read once), then norm + RoPE in place on q and k
+        from . import na_triton
+        projections = (attn.to_q, attn.to_k, attn.to_v)
+        bias = torch.cat([p.bias for p in projections])  # diffusers builds all three with a bias
+        qkv = F.linear(hidden_states, torch.cat([p.weight for p in projections]), bias)
+        query, key, value = qkv.view(*shape[:4], 3, *shape[4:]).unbind(4)
+        return (na_triton.norm_rope(query, attn.norm_q, attn.rope, attn.scale, in_place=True),
+                na_triton.norm_rope(key, attn.norm_k, attn.rope, 1.0, in_place=True), value)
     query, key = attn.to_q(hidden_states).view(shape), attn.to_k(hidden_states).view(shape)
     value = attn.to_v(hidden_states).view(shape)
-    if fused:
-        from . import na_triton
-        return (na_triton.norm_rope(query, attn.norm_q, attn.rope, attn.scale),
-                na_triton.norm_rope(key, attn.norm_k, attn.rope, 1.0), value)
     return _rotate(attn.norm_q(query), attn.rope, attn.scale), _rotate(attn.norm_k(key), attn.rope, 1.0), value
 
 

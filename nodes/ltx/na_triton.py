@@ -47,11 +47,11 @@ WHERE = "processor"
 @dataclass(frozen=True)
 class KernelConfig:
     """Launch shape: query tile (t, h, w) — its product is the queries per program — key block, warps, stages.
-    The default was the fastest of 12 shapes on stage 5 and within 15 % of the best on stages 1-4 (H200,
-    bench/bench_na_kernel.py, docs/PERFORMANCE.md)."""
+    The default was the fastest of 10 shapes on stage 5 (41.0 ms against 43.7 with 4 warps) and within 15 % of
+    the best on stages 1-4 (H200, bench/bench_na_kernel.py, docs/PERFORMANCE.md)."""
     tile: tuple[int, int, int] = (4, 4, 8)
     block_n: int = 64
-    num_warps: int = 4
+    num_warps: int = 8
     num_stages: int = 3
 
     def __post_init__(self) -> None:
@@ -177,27 +177,30 @@ def _define_kernel():
 
 def _define_norm_rope_kernel():
     @triton.jit
-    def norm_rope(x_ptr, o_ptr, weight_ptr, freq_ptr, axis_ptr, rows, T, H, W, heads, eps, scale,
-                  D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr):
+    def norm_rope(x_ptr, o_ptr, weight_ptr, cos_ptr, sin_ptr, axis_ptr, rows, T, H, W, heads, eps, scale, x_token,
+                  o_token, positions, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_R: tl.constexpr):
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)          # row = token · heads + head
         token = r // heads
-        pos_w = (token % W).to(tl.float32)
-        pos_h = ((token // W) % H).to(tl.float32)
-        pos_t = ((token // (W * H)) % T).to(tl.float32)
+        pos_w = token % W
+        pos_h = (token // W) % H
+        pos_t = (token // (W * H)) % T
         d = tl.arange(0, D_PAD)
         mask = (r < rows)[:, None] & (d < D)[None, :]
-        at = r.to(tl.int64)[:, None] * D + d[None, :]                   # whole rows: coalesced loads and stores
-        x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        row_at = (token.to(tl.int64) * x_token + (r % heads) * D)[:, None] + d[None, :]  # whole rows: coalesced
+        x = tl.load(x_ptr + row_at, mask=mask, other=0.0).to(tl.float32)
         inv_rms = tl.rsqrt(tl.sum(x * x, 1) / D + eps)
         x = x * inv_rms[:, None] * tl.load(weight_ptr + d, mask=d < D, other=0.0).to(tl.float32)[None, :]
         even, odd = tl.split(tl.reshape(x, (BLOCK_R, D_PAD // 2, 2)))    # rotation pair p: elements 2p, 2p + 1
         p = tl.arange(0, D_PAD // 2)
         axis = tl.load(axis_ptr + p, mask=p < D // 2, other=0)[None, :]
         position = tl.where(axis == 0, pos_t[:, None], tl.where(axis == 1, pos_h[:, None], pos_w[:, None]))
-        angle = position * tl.load(freq_ptr + p, mask=p < D // 2, other=0.0)[None, :]
-        cos, sin = tl.cos(angle) * scale, tl.sin(angle) * scale
+        at = p[None, :] * positions + position  # from tables: libdevice's exact sin and cos here bound the pass
+        pair_mask = (r < rows)[:, None] & (p < D // 2)[None, :]
+        cos = tl.load(cos_ptr + at, mask=pair_mask, other=0.0) * scale
+        sin = tl.load(sin_ptr + at, mask=pair_mask, other=0.0) * scale
         out = tl.reshape(tl.join(even * cos - odd * sin, even * sin + odd * cos), (BLOCK_R, D_PAD))
-        tl.store(o_ptr + at, out.to(o_ptr.dtype.element_ty), mask=mask)
+        out_at = (token.to(tl.int64) * o_token + (r % heads) * D)[:, None] + d[None, :]
+        tl.store(o_ptr + out_at, out.to(o_ptr.dtype.element_ty), mask=mask)
 
     return norm_rope
 
@@ -209,37 +212,48 @@ _norm_rope_kernel = _define_norm_rope_kernel() if triton is not None else None
 _ROPE_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _rope_tables(rope, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per rotation pair: its frequency (the module's own `_inv_freqs`) and its axis (0 = T, 1 = H, 2 = W); built
-    once per module and device, not on every attention call."""
+def _rope_tables(rope, device: torch.device, positions: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per rotation pair p and position i < `positions` (or more): cos and sin of `i · freq[p]` in float32 (the
+    module's own `_inv_freqs`, the product `_rotate` takes), `[pairs, positions]`; and per pair its axis (0 = T,
+    1 = H, 2 = W). Built once per module and device, and again only for a longer axis."""
     per_device = _ROPE_TABLES.setdefault(rope, {})
-    if device not in per_device:
-        freqs = torch.cat([rope._inv_freqs(dim, device) for dim in rope.rope_dim_split])
+    if device not in per_device or per_device[device][0].shape[1] < positions:
+        freqs = torch.cat([rope._inv_freqs(dim, device) for dim in rope.rope_dim_split]).float()
         axes = torch.cat([torch.full((dim // 2,), axis, dtype=torch.int32, device=device)
                           for axis, dim in enumerate(rope.rope_dim_split)])
-        per_device[device] = (freqs.float().contiguous(), axes)
+        angles = freqs[:, None] * torch.arange(positions, dtype=torch.float32, device=device)[None, :]
+        per_device[device] = (angles.cos().contiguous(), angles.sin().contiguous(), axes)
     return per_device[device]
 
 
-def norm_rope(x: torch.Tensor, norm: torch.nn.RMSNorm, rope, scale: float, block_rows: int = 64) -> torch.Tensor:
+def norm_rope(x: torch.Tensor, norm: torch.nn.RMSNorm, rope, scale: float, block_rows: int = 64,
+              in_place: bool = False) -> torch.Tensor:
     """`_rotate(norm(x), rope, scale)` of na_attention in one pass: `x` `[B, T, H, W, heads, D]` (a projection's
     output) RMS-normed over D with the module's weight and eps, rotated by diffusers' 3-D RoPE at the tensor's own
     positions, times `scale`; all in float32 with one rounding to x's dtype at the end (the unfused path rounds
     after the norm too). The unfused path made five full passes over q and k: 0.23 s of a 1.29 s decode. Rows are
     loaded whole and split into pairs in registers: loading the even and odd elements as two strided streams ran
-    at a sixth of the memory bandwidth (4.6 ms per stage-5 call, 0.22 s of a 1.08 s decode)."""
+    at a sixth of the memory bandwidth (4.6 ms per stage-5 call, 0.22 s of a 1.08 s decode).
+
+    `x` may be a view with its tokens evenly strided (q or k of one fused q|k|v projection): it is read in place,
+    and with `in_place` written back there (no copy of the projection)."""
     if _norm_rope_kernel is None:
         raise LTX25Error(WHERE, "triton", "not installed", "Triton (it comes with CUDA builds of torch)")
-    x = x.contiguous()
     b, t, h, w, heads, dim = x.shape
-    freqs, axes = _rope_tables(rope, x.device)
+    token_stride = x.stride(3)
+    if x.stride()[3:] != (token_stride, dim, 1) or x.stride()[:3] != (t * h * w * token_stride, h * w * token_stride,
+                                                                        w * token_stride):
+        x = x.contiguous()
+        token_stride = heads * dim
+    cos, sin, axes = _rope_tables(rope, x.device, max(t, h, w))
     eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
     weight = norm.weight if norm.weight is not None else torch.ones(dim, device=x.device)
-    out = torch.empty_like(x)
+    out = x if in_place else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rows = x.numel() // dim
     with on_device(x.device):
-        _norm_rope_kernel[(-(-rows // block_rows),)](x, out, weight, freqs, axes, rows, t, h, w, heads, float(eps),
-                                                     float(scale), dim, max(4, triton.next_power_of_2(dim)),
+        _norm_rope_kernel[(-(-rows // block_rows),)](x, out, weight, cos, sin, axes, rows, t, h, w, heads,
+                                                     float(eps), float(scale), token_stride, out.stride(3),
+                                                     cos.shape[1], dim, max(4, triton.next_power_of_2(dim)),
                                                      block_rows)
     return out
 
