@@ -42,11 +42,14 @@ def main() -> None:
     device, dtype = torch.device("cuda"), torch.bfloat16
     vae = build(RELEASED_METADATA, device, dtype)
     small = torch.randn(2, 128, 16, 8, 12, device=device, dtype=dtype)
-    for mode, extra in (("off", {}), ("manual", {"tile_frames": 80, "tile_pixels": 256})):
-        host, stats = dv.decode(vae, small, processor="auto", tiling_mode=mode, out_device="cpu", **extra)
-        kept, _ = dv.decode(vae, small, processor="auto", tiling_mode=mode, out_device="cuda", **extra)
-        print(f"[check] {mode}: {stats.tile_count} tiles, frames {tuple(host.shape)}, "
-              f"equal to the device's: {torch.equal(host, kept.cpu())}", flush=True)
+    for mode, extra in (("off", {}), ("auto", {"budget_bytes": 1 << 30})):
+        try:
+            host, stats = dv.decode(vae, small, processor="auto", tiling_mode=mode, out_device="cpu", **extra)
+            kept, _ = dv.decode(vae, small, processor="auto", tiling_mode=mode, out_device="cuda", **extra)
+            print(f"[check] {mode}: {stats.tile_count} tiles, frames {tuple(host.shape)}, "
+                  f"equal to the device's: {torch.equal(host, kept.cpu())}", flush=True)
+        except Exception as error:  # noqa: BLE001 - the timing below still runs
+            print(f"[check] {mode}: failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
     _ref, conv = build_conv(cv.SHIPPED_VAE_CONFIG, device, dtype)
     latent = torch.randn(1, 128, 16, 16, 24, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     cases = {f"{name} movers={movers}": (movers, fn) for movers in (1, args.movers) for name, fn in (
