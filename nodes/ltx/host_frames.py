@@ -104,9 +104,8 @@ class DeviceToHost:
                 staged.copy_(part, non_blocking=True)
                 done = torch.cuda.Event()
                 done.record(self.stream)
-            share = -(-len(part) // self.movers)
-            self.moves[self.turn] = [self.mover.submit(_move, done, staged[i:i + share], dst[start + i:start + i + share])
-                                     for i in range(0, len(part), share)]
+            self.moves[self.turn] = [self.mover.submit(_move, done, staged[a:b], dst[start + a:start + b])
+                                     for a, b in row_shares(len(part), self.movers)]
             self.turn = 1 - self.turn
         src.record_stream(self.stream)  # its memory is not reused before the side stream has read it
 
@@ -125,6 +124,12 @@ class DeviceToHost:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+
+
+def row_shares(rows: int, parts: int) -> list[tuple[int, int]]:
+    """`[a, b)` row ranges splitting `rows` into at most `parts` near-equal contiguous shares."""
+    step = max(1, -(-rows // parts))
+    return [(a, min(a + step, rows)) for a in range(0, rows, step)]
 
 
 def _pinned(size: int) -> torch.Tensor:
