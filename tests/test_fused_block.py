@@ -39,6 +39,16 @@ def test_swiglu_tiles_accumulate_into_the_residual():
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
+def test_swiglu_gemm_accumulates_over_k_steps_and_partial_blocks():
+    """The one-GEMM gate|up with silu·up in its epilogue: several K steps (the last one partial) and token and
+    hidden blocks that do not divide the shape, against the two projections."""
+    g = torch.Generator().manual_seed(2)
+    x, gate, up = torch.randn(37, 80, generator=g), torch.randn(48, 80, generator=g), torch.randn(48, 80, generator=g)
+    config = fused_block.GemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2)
+    want = torch.nn.functional.silu(x @ gate.T) * (x @ up.T)
+    torch.testing.assert_close(fused_block.swiglu_hidden(x, gate, up, config), want, rtol=1e-5, atol=1e-4)
+
+
 def test_fused_block_forward_equals_diffusers_forward():
     """The whole block (context injection, modulated attention and MLP, ungated residuals) with a batch of two and
     different timesteps per item; its input is left untouched (it is the previous block's output)."""

@@ -94,6 +94,25 @@ def test_norm_rope_kernel_matches_the_module(dim, head_dim, scale):
     torch.testing.assert_close(half.float(), want, rtol=2e-3, atol=2e-3)
 
 
+def test_norm_rope_reads_and_writes_views_of_one_fused_projection():
+    """The triton processor projects q|k|v with one GEMM and normalizes q and k where they lie (token stride
+    3·heads·D): out of place the result equals the contiguous input's; in place it lands in the buffer and leaves
+    the neighbouring v as it was."""
+    from diffusers.models.autoencoders.ltx2_diffusion_decoder import LTX2VideoVaeNeighborhoodAttention
+    torch.manual_seed(1)
+    attn = LTX2VideoVaeNeighborhoodAttention(32, (3, 3, 3), head_dim=16)
+    for p in attn.parameters():
+        p.data.normal_(0, 0.3)
+    fused = torch.randn(1, 3, 4, 5, 3, attn.heads, 16)
+    query, _key, value = fused.unbind(4)
+    want = na_triton.norm_rope(query.contiguous(), attn.norm_q, attn.rope, 0.25)
+    torch.testing.assert_close(na_triton.norm_rope(query, attn.norm_q, attn.rope, 0.25), want, rtol=0, atol=0)
+    value_before = value.clone()
+    assert na_triton.norm_rope(query, attn.norm_q, attn.rope, 0.25, in_place=True).data_ptr() == query.data_ptr()
+    torch.testing.assert_close(query, want, rtol=0, atol=0)
+    assert torch.equal(value, value_before)
+
+
 def test_unavailable_before_ampere(monkeypatch):
     """Triton's bf16 matmul needs compute capability 8.0: an older GPU is refused by name, so auto falls back."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -308,13 +308,12 @@ def _key_onehots(box: tuple[int, int, int], sections: tuple[int, int, int], bloc
     key blocks: 1 at the key's frame, row and column in their sections; padding rows at the spare frame column.
     The same for every program and every call of a shape, so built once."""
     keys = box[0] * box[1] * box[2]
-    n = torch.arange(-(-keys // block_n) * block_n, device=device)
-    frame = torch.where(n < keys, n // (box[1] * box[2]), box[0])
-    row = torch.where(n < keys, sections[0] + (n // box[2]) % box[1], box[0])
-    column = torch.where(n < keys, sections[0] + sections[1] + n % box[2], box[0])
-    onehots = torch.zeros(len(n), _pow2(sum(sections)), dtype=dtype, device=device)
-    for section in (frame, row, column):
-        onehots[n, section] = 1
+    n = torch.arange(keys, device=device)
+    onehots = torch.zeros(-(-keys // block_n) * block_n, _pow2(sum(sections)), dtype=dtype, device=device)
+    onehots[n, n // (box[1] * box[2])] = 1
+    onehots[n, sections[0] + (n // box[2]) % box[1]] = 1
+    onehots[n, sections[0] + sections[1] + n % box[2]] = 1
+    onehots[keys:, box[0]] = 1  # padding keys: the spare frame column, outside every window
     return onehots
 
 
