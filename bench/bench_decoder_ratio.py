@@ -1,6 +1,6 @@
 """The two decoders of the A/B on the same 768×512×121 latent, interleaved round by round in one process (so drift
-and the machine hit both alike): our diffusion decode (untiled, `auto` processor) with 1 and with `--movers`
-threads moving frames to the host, and our conv decode (auto tiling) likewise. Prints each round and the medians, and the
+and the machine hit both alike): our diffusion decode (untiled, `auto` processor) and our conv decode (auto
+tiling). Prints each round and the medians, and the
 ratio diffusion / conv. Also checks that frames through the host staging equal frames kept on the device.
 
     python bench/bench_decoder_ratio.py --rounds 7
@@ -23,7 +23,6 @@ from bench_diffusion_vae import RELEASED_METADATA, build  # noqa: E402
 
 from nodes.ltx import conv_vae as cv  # noqa: E402
 from nodes.ltx import diffusion_vae as dv  # noqa: E402
-from nodes.ltx import host_frames  # noqa: E402
 
 
 def seconds(fn) -> float:
@@ -37,7 +36,6 @@ def seconds(fn) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--movers", type=int, default=4)
     args = parser.parse_args()
     device, dtype = torch.device("cuda"), torch.bfloat16
     vae = build(RELEASED_METADATA, device, dtype)
@@ -52,23 +50,20 @@ def main() -> None:
             print(f"[check] {mode}: failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
     _ref, conv = build_conv(cv.SHIPPED_VAE_CONFIG, device, dtype)
     latent = torch.randn(1, 128, 16, 16, 24, generator=torch.Generator().manual_seed(0)).to(device, dtype)
-    cases = {f"{name} movers={movers}": (movers, fn) for movers in (1, args.movers) for name, fn in (
-        ("diffusion", lambda: dv.decode(vae, latent, processor="auto", tiling_mode="off")),
-        ("conv", lambda: cv.decode_conv(conv, latent)))}
+    cases = {"diffusion": lambda: dv.decode(vae, latent, processor="auto", tiling_mode="off"),
+             "conv": lambda: cv.decode_conv(conv, latent)}
     times: dict[str, list[float]] = {name: [] for name in cases}
     for round_ in range(args.rounds + 1):  # round 0 warms up (compiles)
-        for name, (movers, fn) in cases.items():
-            host_frames.MOVERS = movers
+        for name, fn in cases.items():
             took = seconds(fn)
             if round_:
                 times[name].append(took)
         if round_:
             print(f"[round] {round_}: " + ", ".join(f"{n} {t[-1]:.3f} s" for n, t in times.items()), flush=True)
     medians = {name: statistics.median(t) for name, t in times.items()}
-    ratios = {movers: round(medians[f"diffusion movers={movers}"] / medians[f"conv movers={movers}"], 3)
-              for movers in (1, args.movers)}
     print("[ratio] " + json.dumps({"gpu": torch.cuda.get_device_name(), "median_s": medians,
-                                   "diffusion_over_conv_by_movers": ratios}), flush=True)
+                                   "diffusion_over_conv": round(medians["diffusion"] / medians["conv"], 3)}),
+          flush=True)
 
 
 if __name__ == "__main__":

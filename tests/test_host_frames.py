@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nodes.ltx.host_frames import HostFrames, row_shares
+from nodes.ltx.host_frames import HostFrames
 
 
 @pytest.mark.parametrize("inference", [True, False])
@@ -25,12 +25,3 @@ def test_a_failed_background_write_is_raised_not_swallowed(monkeypatch):
     frames._error = RuntimeError("boom")
     with pytest.raises(RuntimeError, match="boom"):
         frames.ready()
-
-
-@pytest.mark.parametrize("rows,parts", [(8, 4), (13, 4), (3, 4), (1, 1), (7, 3), (64, 4)])
-def test_row_shares_cover_each_row_of_the_chunk_once(rows, parts):
-    """The movers' shares of a staged chunk: contiguous, within the chunk (a share past its end once copied the next
-    chunk's rows of the destination from a shorter staging slice), at most `parts` of them."""
-    shares = row_shares(rows, parts)
-    assert len(shares) <= parts and shares[0][0] == 0 and shares[-1][1] == rows
-    assert all(a < b for a, b in shares) and all(shares[i][1] == shares[i + 1][0] for i in range(len(shares) - 1))

@@ -8,15 +8,10 @@ faster still, but torch's pinned allocator rounds blocks up to a power of two an
 """
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-
-# threads moving each staged chunk into place, each a share of its rows: one thread's pinned → pageable copy is what
-# bounds a decode's last chunks (the device's copies into the staging run at ~50 GB/s)
-MOVERS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) // 2)
 
 
 class HostFrames:
@@ -54,8 +49,8 @@ class DeviceToHost:
 
     A plain `host.copy_(device_tensor)` into pageable memory waits for the device to drain, copies through the
     driver's staging, and only then lets the next kernels be queued. Here each piece is copied in chunks of at most
-    `chunk_bytes` into one of two pinned staging buffers on a side stream, and `movers` threads move each chunk into
-    place (a share of its rows each) once its copy is done. The caller waits only when both buffers are busy, so the last two chunks of a piece
+    `chunk_bytes` into one of two pinned staging buffers on a side stream, and a worker thread moves each chunk into
+    place once its copy is done. The caller waits only when both buffers are busy, so the last two chunks of a piece
     (all of a small one) are moved while the device goes on with the next tile; a large piece still holds the caller
     until the rest has left. Measured (docs/PERFORMANCE.md): 7 % off an untiled 1920×1088×121 decode, none at small
     tiles. The two buffers are kept for the process (2 × 64 MiB pinned): pinning fresh memory per decode costs more
@@ -64,8 +59,8 @@ class DeviceToHost:
 
     _staging: dict = {}  # (device, chunk bytes) → (lock, two pinned byte buffers)
 
-    def __init__(self, device: torch.device, chunk_bytes: int = 64 << 20, movers: int | None = None) -> None:
-        self.device, self.chunk_bytes, self.movers = device, chunk_bytes, movers or MOVERS
+    def __init__(self, device: torch.device, chunk_bytes: int = 64 << 20) -> None:
+        self.device, self.chunk_bytes = device, chunk_bytes
         key = (device, chunk_bytes)
         if key not in self._staging:
             self._staging[key] = (threading.Lock(), [_pinned(chunk_bytes), _pinned(chunk_bytes)])
@@ -76,12 +71,12 @@ class DeviceToHost:
         try:
             self.buffers = buffers if self._lock is not None else [_pinned(chunk_bytes), _pinned(chunk_bytes)]
             self.stream = torch.cuda.Stream(device)
-            self.mover = ThreadPoolExecutor(max_workers=self.movers, thread_name_prefix="ltx25-to-host")
+            self.mover = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ltx25-to-host")
         except BaseException:
             if self._lock is not None:
                 self._lock.release()
             raise
-        self.moves: list = [[], []]  # the pending moves out of each buffer
+        self.moves: list = [None, None]  # the pending move out of each buffer
         self.turn = 0
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -97,23 +92,22 @@ class DeviceToHost:
         for start in range(0, src.shape[0], step):
             part = src[start:start + step]
             buffer = self.buffers[self.turn]
-            for move in self.moves[self.turn]:
-                move.result()                                       # its previous chunk has left it
+            if self.moves[self.turn] is not None:
+                self.moves[self.turn].result()                      # its previous chunk has left it
             staged = buffer[:part.numel() * part.element_size()].view(part.dtype).view(part.shape)
             with torch.cuda.stream(self.stream):
                 staged.copy_(part, non_blocking=True)
                 done = torch.cuda.Event()
                 done.record(self.stream)
-            self.moves[self.turn] = [self.mover.submit(_move, done, staged[a:b], dst[start + a:start + b])
-                                     for a, b in row_shares(len(part), self.movers)]
+            self.moves[self.turn] = self.mover.submit(_move, done, staged, dst[start:start + step])
             self.turn = 1 - self.turn
         src.record_stream(self.stream)  # its memory is not reused before the side stream has read it
 
     def finish_moves(self) -> None:
-        for i, moves in enumerate(self.moves):
-            for move in moves:
+        for i, move in enumerate(self.moves):
+            if move is not None:
                 move.result()
-            self.moves[i] = []
+                self.moves[i] = None
 
     def finish(self) -> None:
         """Wait for every copy (re-raising a failed one) and release the worker."""
@@ -124,12 +118,6 @@ class DeviceToHost:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
-
-
-def row_shares(rows: int, parts: int) -> list[tuple[int, int]]:
-    """`[a, b)` row ranges splitting `rows` into at most `parts` near-equal contiguous shares."""
-    step = max(1, -(-rows // parts))
-    return [(a, min(a + step, rows)) for a in range(0, rows, step)]
 
 
 def _pinned(size: int) -> torch.Tensor:
