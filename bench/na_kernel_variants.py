@@ -1,11 +1,13 @@
 """Experiment: where stage 5's window-attention kernel spends its time, by variants of `na_triton`'s kernel.
 
-MASK 0: the shipped per-element window test (3 axes × subtract + compare, ands, select);
+MASK 0: the per-element window test of the kernel before `2740243` (3 axes × subtract + compare, ands, select);
 MASK 1: the window as an additive bias computed on the tensor cores: per axis a one-hot of the key's box
         coordinate times a query row that is 0 inside the query's window and -2^20 outside (dot, acc chained);
 MASK 2: no mask at all (wrong numbers; the bound the mask work is measured against);
 MASK 3: as 1, the key one-hots read from a table (the box has one shape in every program).
-All variants use a box of one shape per launch.
+All variants use a box of one shape per launch. The kernel here is a frozen copy of `na_triton`'s as it was when
+the variants were measured (docs/PERFORMANCE.md, sixth round), kept so those numbers can be re-run; the pack runs
+`na_triton`'s (MASK 4's scheme).
 """
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 
 import torch
@@ -21,6 +22,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_na_kernel import timed  # noqa: E402
+
 from nodes.ltx import na_triton  # noqa: E402
 
 BIG = 2.0 ** 20
@@ -163,20 +167,6 @@ def run(q, k, v, kernel, tile, block_n, warps, stages, mask):
     return out
 
 
-def timed(fn, repeats):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        z.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(z))
-    return statistics.median(times)
-
-
 VARIANTS = ("2:4x4x8/64/4/3,3:4x4x8/64/4/3,4:4x4x8/64/4/3,5:4x4x8/64/4/3,5:4x4x8/64/8/3,5:4x4x4/64/4/3,"
             "5:2x8x8/64/4/3,5:4x4x8/64/4/4,5:4x4x8/32/4/3,5:4x4x8/128/8/3,5:4x8x4/64/4/3,5:8x4x4/64/4/3,"
             "5:4x4x8/64/4/2,5:2x4x8/64/4/3,5:4x4x4/32/4/3")
@@ -202,7 +192,7 @@ def main() -> None:
     shipped = lambda: na_triton.na3d_triton(q, k, v, kernel)  # noqa: E731
     reference = shipped()
     useful = 4 * t * h * w * math.prod(kernel) * 64 * heads / 1e12
-    cases = [("shipped 4x4x8/64/4/3", shipped)]
+    cases = [("na_triton as shipped", shipped)]
     for text in args.variants.split(","):
         mask, rest = text.split(":")
         tile, bn, warps, stages = rest.split("/")
