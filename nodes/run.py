@@ -51,6 +51,11 @@ def is_async(node_class: type) -> bool:
     return inspect.iscoroutinefunction(getattr(node_class, node_class.FUNCTION))
 
 
+def is_output(node_class: type) -> bool:
+    """An output node (OUTPUT_NODE): what a run executes, with what it depends on."""
+    return bool(getattr(node_class, "OUTPUT_NODE", False))
+
+
 def _sources(node: Mapping[str, Any]) -> set[str]:
     return {value[0] for value in node.get("inputs", {}).values() if is_link(value)}
 
@@ -61,23 +66,24 @@ def _pick(ready: list[str], prompt: Mapping[str, dict], classes: Mapping[str, ty
     follows Python's hash order of the output ids), this takes an async node before a plain output node (its task
     then runs beside it) and, among the rest, the node that feeds the most output nodes: the audio decode that
     three saves wait on runs before the video decodes, so each save starts as soon as its frames exist."""
-    def is_output(node_id: str) -> bool:
-        return bool(getattr(classes[prompt[node_id]["class_type"]], "OUTPUT_NODE", False))
+    def class_of(node_id: str) -> type:
+        return classes[prompt[node_id]["class_type"]]
 
     for node_id in ready:
-        if is_async(classes[prompt[node_id]["class_type"]]):
+        if is_async(class_of(node_id)):
             return node_id
     for node_id in ready:
-        if is_output(node_id):
+        if is_output(class_of(node_id)):
             return node_id
-    fed = {node_id: sum(node_id in _sources(prompt[o]) for o in prompt if is_output(o)) for node_id in ready}
+    outputs = [o for o in prompt if is_output(class_of(o))]
+    fed = {node_id: sum(node_id in _sources(prompt[o]) for o in outputs) for node_id in ready}
     return max(ready, key=lambda node_id: fed[node_id])  # max keeps the first of equals
 
 
 def needed(prompt: Mapping[str, dict], classes: Mapping[str, type], targets: Iterable[str] | None = None) -> set[str]:
     """The nodes a run executes: `targets` (default: the output nodes, as ComfyUI) and every node they depend on."""
     if targets is None:
-        targets = [n for n, node in prompt.items() if getattr(classes[node["class_type"]], "OUTPUT_NODE", False)]
+        targets = [n for n, node in prompt.items() if is_output(classes[node["class_type"]])]
         if not targets:
             raise GraphError("-", "prompt", None, "has no output node (ComfyUI refuses such a prompt)")
     seen: set[str] = set()

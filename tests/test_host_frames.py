@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nodes.ltx.host_frames import HostFrames
+from nodes.ltx.host_frames import DirectCopy, HostFrames, host_copier
 
 
 @pytest.mark.parametrize("inference", [True, False])
@@ -25,3 +25,15 @@ def test_a_failed_background_write_is_raised_not_swallowed(monkeypatch):
     frames._error = RuntimeError("boom")
     with pytest.raises(RuntimeError, match="boom"):
         frames.ready()
+
+
+def test_a_cpu_decode_copies_its_frames_directly():
+    """Off CUDA (and for output kept on the device) the decoders' copier copies at once, with DeviceToHost's
+    interface, so the decode loops have one path."""
+    copier = host_copier(torch.device("cpu"))
+    assert isinstance(copier, DirectCopy)
+    dst, src = torch.zeros(2, 3), torch.arange(6.0).view(2, 3)
+    copier.copy(dst, src)
+    copier.finish_moves()
+    copier.finish()
+    assert torch.equal(dst, src)

@@ -29,7 +29,7 @@ from .errors import LTX25Error
 from .keymap import Drop, KeyMap, Rename, load_strict
 from .latents import check_video_latent, denormalize_video
 from .device_memory import free_bytes, start_meter
-from .host_frames import DeviceToHost, HostFrames
+from .host_frames import HostFrames, host_copier
 
 LATENT_CHANNELS = 128
 UPSAMPLER_KINDS = {"compress_all": "spatiotemporal", "compress_time": "temporal", "compress_space": "spatial"}
@@ -269,11 +269,9 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
     weights_t, weights_h, weights_w = plan.axis_weights()
     batch, (frames, height, width) = latent.shape[0], plan.pixel_shape
     meter, done = start_meter(device), 0
-    to_host = DeviceToHost(device) if device.type == "cuda" and STREAM_TO_HOST else None
-    emit = to_host.copy if to_host is not None else (lambda dst, src: dst.copy_(src))
+    to_host = host_copier(device, STREAM_TO_HOST)
     with torch.inference_mode(), contextlib.ExitStack() as cleanup:
-        if to_host is not None:
-            cleanup.callback(to_host.finish)
+        cleanup.callback(to_host.finish)
         z = denormalize_video(latent, vae.latents_mean, vae.latents_std, device).to(dtype)
         host = HostFrames((batch, frames, height, width, 3), prefault=device.type != "cpu")  # [B, F, H, W, 3]
         carry, readback = None, 0       # the next group's partial first frames: on the device / count on the host
@@ -303,8 +301,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
                 group.mul_(weights_t[ti].to(device).view(1, -1, 1, 1, 1))  # group is this tile's own buffer
             out = host.ready()
             if readback:  # the earlier groups' share of this group's first frames: beyond the steady overlap ...
-                if to_host is not None:
-                    to_host.finish_moves()
+                to_host.finish_moves()
                 for f0 in range(0, readback, READBACK_FRAMES):  # small pieces: no group-sized temporary
                     f1 = min(readback, f0 + READBACK_FRAMES)
                     group[:, f0:f1] += out[:, p0 + f0:p0 + f1].to(device)
@@ -320,7 +317,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
             readback = p1 - p0 - finished - kept
             carry = group[:, p1 - p0 - kept:].clone() if kept else None
             for item in range(batch):
-                emit(out[item, p0:p1 - kept], group[item, :p1 - p0 - kept])
+                to_host.copy(out[item, p0:p1 - kept], group[item, :p1 - p0 - kept])
             del group
     seconds, peak = meter()
     stats = DecodeStats("conv", seconds, peak, plan.count, tuple(plan.tile_pixel_sizes()), extra={

@@ -120,6 +120,26 @@ class DeviceToHost:
                 self._lock = None
 
 
+class DirectCopy:
+    """`DeviceToHost`'s interface where no staging is wanted (a CPU decode, output kept on the device): each copy
+    happens at once."""
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    def finish_moves(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def host_copier(device: torch.device, staged: bool = True) -> DeviceToHost | DirectCopy:
+    """How a decode on `device` hands finished frames out: through `DeviceToHost` on CUDA when `staged` (the
+    frames go to host memory), else plainly. Call `finish()` before the frames are read."""
+    return DeviceToHost(device) if staged and device.type == "cuda" else DirectCopy()
+
+
 def _pinned(size: int) -> torch.Tensor:
     return torch.empty(size, dtype=torch.uint8, pin_memory=True)
 
