@@ -150,6 +150,7 @@ def test_a_preview_frame_that_fails_leaves_no_part_file_and_is_logged(tmp_path, 
             f.write(b"\x89PNG half")
         raise OSError("disk full")
 
+    image_compare.wait_for_previews()  # an earlier test's frames, still being written, must not meet the patch
     monkeypatch.setattr(image_compare.Image.Image, "save", broken_save)
     with caplog.at_level("WARNING"):
         names = image_compare.write_preview_frames(frames(n=2), str(tmp_path), "p", [0, 1])
