@@ -34,7 +34,16 @@ def _chunks(a: torch.Tensor, b: torch.Tensor, device: torch.device | None):
     device = device or a.device
     dtype = torch.float64 if device.type == "cpu" else torch.float32
     for f0 in range(0, a.shape[0], FRAMES_PER_CHUNK):
-        yield (t[f0:f0 + FRAMES_PER_CHUNK].to(device, dtype, non_blocking=True) for t in (a, b))
+        yield (_upload(t[f0:f0 + FRAMES_PER_CHUNK], device, dtype) for t in (a, b))
+
+
+def _upload(frames: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """`frames` on `device` in `dtype`. Pageable frames go to a GPU through a pinned copy first: the driver stages
+    a pageable upload on one thread (both decodes of the A/B, 1.14 GB, took 0.17 s on the H200 host, against 0.02 s
+    from pinned memory), while torch copies into pinned memory on all cores, into blocks its pinned cache reuses."""
+    if device.type == "cuda" and frames.device.type == "cpu" and not frames.is_pinned():
+        frames = frames.pin_memory()
+    return frames.to(device, dtype, non_blocking=True)
 
 
 def _mse(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
