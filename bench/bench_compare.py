@@ -1,7 +1,8 @@
 """The decoder A/B compare node (nodes.compare.LTX25DecoderCompare) at a real shape, node and parts: the per-frame
 PSNR/SSIM on the compute device, the side-by-side canvas, the preview PNGs (written in the background after the
 node returns) — alone and while two H.264 saves run beside it (as in the A/B graph, where the conv and diffusion
-saves are still encoding when the compare starts).
+saves are still encoding when the compare starts), with the saves on threads of this process and in two other
+processes.
 
     python bench/bench_compare.py [--frames 121 --size 768x512 --repeats 3]
 """
@@ -9,19 +10,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import torch
+import torch.multiprocessing  # noqa: F401 - shared-memory tensors pickle by handle to the processes
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from nodes import comfy_bridge as bridge  # noqa: E402
 from nodes.compare import LTX25DecoderCompare  # noqa: E402
-from nodes.ltx import image_compare, video_io  # noqa: E402
+from nodes.ltx import background, image_compare, video_io  # noqa: E402
 
 
 def timed(fn, repeats: int) -> float:
@@ -31,6 +35,10 @@ def timed(fn, repeats: int) -> float:
         fn()
         seconds.append(time.perf_counter() - start)
     return round(statistics.median(seconds), 3)
+
+
+def _encode_in_a_process(path: str, frames: torch.Tensor) -> None:
+    video_io.write_mp4(path, frames, 24.0)
 
 
 def main() -> None:
@@ -75,6 +83,20 @@ def main() -> None:
             for thread in encoders:
                 thread.join()
         row["node_beside_two_saves_s"] = round(statistics.median(loaded), 3)
+        # the same with the saves in another process (frames in shared memory): no GIL shared with the compare
+        shared = [x.clone().share_memory_() for x in (a, b)]
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=background.lower_priority) as processes:
+            list(processes.map(_encode_in_a_process, [os.path.join(folder, "w.mp4")] * 2, [x[:9] for x in shared]))
+            loaded = []
+            for _ in range(args.repeats):
+                jobs = [processes.submit(_encode_in_a_process, os.path.join(folder, f"p{i}.mp4"), x)
+                        for i, x in enumerate(shared)]
+                time.sleep(0.2)
+                loaded.append(timed(parts["node"], 1))
+                for job in jobs:
+                    job.result()
+        row["node_beside_two_saves_in_processes_s"] = round(statistics.median(loaded), 3)
         image_compare.wait_for_previews()  # the node's viewer frames, still being written into `folder`
     print(json.dumps(row))
 
