@@ -46,7 +46,7 @@ from nodes import compare as compare_node  # noqa: E402
 from nodes.graph import validate  # noqa: E402
 from nodes.handles import Loaded  # noqa: E402
 from nodes.run import execute as run_execute  # noqa: E402
-from nodes.ltx import image_compare, video_io  # noqa: E402
+from nodes.ltx import encoder_process, image_compare, video_io  # noqa: E402
 from nodes.ltx import text_encoder as te  # noqa: E402
 from nodes.ltx.accelerated_denoise import release  # noqa: E402
 from nodes.ltx.assets import AssetInfo, Header, Kind  # noqa: E402
@@ -243,8 +243,8 @@ def _previews_in_line(*args, **kwargs):
 AB_VARIANTS = {
     "previews": [("previews_in_line", _patched(compare_node, "write_preview_frames", _previews_in_line)),
                  ("previews_in_background", lambda: (lambda: None))],
-    "threads": [("x264_threads_auto_per_segment", _patched(video_io, "x264_threads", lambda segments: 0)),
-                ("x264_threads_shared", lambda: (lambda: None))],
+    "encoder": [("encodes_on_threads_of_this_process", _patched(encoder_process, "write_mp4", video_io.write_mp4)),
+                ("encodes_in_helper_processes", lambda: (lambda: None))],
 }
 
 
@@ -255,9 +255,9 @@ def main(argv: list[str] | None = None) -> int:
                         "CUDA, eager on the CPU)")
     parser.add_argument("--ab-runs", type=int, default=0, help="then N pairs of warm runs, alternating two ways "
                         "of one choice (--ab)")
-    parser.add_argument("--ab", choices=sorted(AB_VARIANTS), default="threads", help="previews: the compare's "
-                        "viewer frames written in line or in the background; threads: x264's frame threads per "
-                        "segment, its own choice each or shared")
+    parser.add_argument("--ab", choices=sorted(AB_VARIANTS), default="encoder", help="previews: the compare's "
+                        "viewer frames written in line or in the background; encoder: the saves encoded on threads "
+                        "of this process or in helper processes")
     parser.add_argument("--skip-new-prompt", action="store_true", help="skip the new-prompt encode after run 2")
     parser.add_argument("--offload-first", action="store_true",
                         help="CUDA: move every built module to the CPU before run 1 (as the loaders leave them)")

@@ -4,8 +4,11 @@ In the A/B graph (bench/bench_ab_graph.py) the conv save starts when the conv de
 holds the event loop for about a second, and after it the compare runs and the side-by-side save starts; the run
 ends when the last encode does. Here the decodes are replaced by noise frames (what random weights decode to) and
 the diffusion decode by a 1 s wait, and the tail — compare + the three encodes — is timed from the diffusion
-decode's end, per policy (patched for the bench only): the pack's defaults; one x264 per clip (no segments); the
-encodes at the graph's priority; the viewer's frames at the saves' priority; the encodes one at a time.
+decode's end, per policy (patched for the bench only): the pack's defaults (encodes in helper processes); the
+encodes on threads of this process (as before `encoder_process`); the viewer's frames at the saves' priority; the
+encodes one at a time; the compare's uploads from pageable memory (as before `_upload`); its canvas in pinned memory
+(reused, no page faults). The policies on x264's segments and the encodes' priority timed in the fifth run are gone:
+those patches do not reach the helper processes.
 
     python bench/bench_ab_tail.py [--repeats 3]
 """
@@ -27,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from nodes import comfy_bridge as bridge  # noqa: E402
 from nodes import output  # noqa: E402
 from nodes.compare import LTX25DecoderCompare  # noqa: E402
-from nodes.ltx import background, image_compare, video_io  # noqa: E402
+from nodes.ltx import background, encoder_process, image_compare, video_io  # noqa: E402
 from nodes.output import LTX25SaveVideo  # noqa: E402
 
 DIFFUSION_DECODE_S = 1.0
@@ -51,6 +54,17 @@ async def tail(a: torch.Tensor, b: torch.Tensor, ends: dict) -> dict:
             **{f"{k}_ends_s": round(v - start, 3) for k, v in ends.items()}}
 
 
+class _PinnedEmpty:
+    """`torch` for image_compare, whose `empty` (the canvas) comes from the pinned cache: no page faults."""
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*shape, device=None, **kw):  # the canvas is made on the host
+        return torch.empty(*shape, **kw, pin_memory=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
@@ -72,15 +86,14 @@ def main() -> None:
         with one_at_a_time:
             timed_encode(path, *rest)
 
-    segments = video_io.default_segments
-    lower_priority, preview_nice = background.lower_priority, background.PREVIEW_NICE
+    in_helpers, upload, preview_nice = encoder_process.write_mp4, image_compare._upload, background.PREVIEW_NICE
     policies = {
         "defaults": {},
-        "one_x264_per_clip": {"segments": lambda frames: 1},
-        "graph_priority": {"graph_priority": True},
+        "encodes_on_threads_of_this_process": {"write_mp4": video_io.write_mp4},
         "previews_at_the_saves_priority": {"preview_nice": background.NICE},
         "one_encode_at_a_time": {"serial": True},
-        "one_x264_one_at_a_time": {"segments": lambda frames: 1, "serial": True},
+        "pageable_uploads": {"upload": lambda t, device, dtype: t.to(device, dtype, non_blocking=True)},
+        "pinned_canvas": {"torch": _PinnedEmpty()},
     }
     if args.policies:
         policies = {name: policies[name] for name in args.policies.split(",")}
@@ -89,20 +102,20 @@ def main() -> None:
         bridge.set_output_dir(folder)
         for repeat in range(args.repeats + 1):  # the first round warms up
             for name, policy in policies.items():
-                video_io.default_segments = policy.get("segments", segments)
+                encoder_process.write_mp4 = policy.get("write_mp4", in_helpers)
+                image_compare._upload = policy.get("upload", upload)
+                image_compare.torch = policy.get("torch", torch)
                 output._encode = serial_encode if policy.get("serial") else timed_encode
                 for stale in background._POOLS.values():
                     stale.shutdown()
                 background._POOLS.clear()  # fresh threads at this policy's priority
-                if policy.get("graph_priority"):
-                    background.lower_priority = lambda nice: None
                 background.PREVIEW_NICE = policy.get("preview_nice", preview_nice)
                 ends.clear()
                 try:
                     row = asyncio.run(tail(a, b, ends))
                 finally:
-                    background.lower_priority, background.PREVIEW_NICE = lower_priority, preview_nice
-                    video_io.default_segments, output._encode = segments, encode
+                    background.PREVIEW_NICE, encoder_process.write_mp4, output._encode = preview_nice, in_helpers, encode
+                    image_compare._upload, image_compare.torch = upload, torch
                     image_compare.wait_for_previews()
                 if repeat:
                     rows.setdefault(name, []).append(row)

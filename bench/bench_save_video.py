@@ -15,7 +15,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from nodes.ltx import video_io  # noqa: E402
+from nodes.ltx import mp4_encoder, video_io  # noqa: E402
 
 
 def smooth(frames: int, height: int, width: int) -> torch.Tensor:
@@ -38,12 +38,12 @@ def main() -> None:
     contents = {"noise": torch.rand(args.frames, height, width, 3, generator=torch.Generator().manual_seed(0)),
                 "smooth": smooth(args.frames, height, width)}
     rows = []
-    original = video_io._THREAD_TYPE
+    original = mp4_encoder._THREAD_TYPE
     try:
         for name, frames in contents.items():
             for thread_type in args.thread_types.split(","):
                 for segments in (int(n) for n in args.segments.split(",")):
-                    video_io._THREAD_TYPE = thread_type
+                    mp4_encoder._THREAD_TYPE = thread_type
                     with tempfile.TemporaryDirectory() as folder:
                         path = os.path.join(folder, "x.mp4")
                         cpu, start = os.times(), time.perf_counter()
@@ -56,7 +56,7 @@ def main() -> None:
                                      "megabytes": round(os.path.getsize(path) / 1e6, 1), "cpus": os.cpu_count()})
                     print(f"[save] {json.dumps(rows[-1])}", flush=True)
     finally:
-        video_io._THREAD_TYPE = original
+        mp4_encoder._THREAD_TYPE = original
 
 
 if __name__ == "__main__":

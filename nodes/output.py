@@ -52,9 +52,10 @@ class LTX25SaveVideo:
         rate = int(audio["sample_rate"]) if isinstance(audio, dict) and "sample_rate" in audio else 48000
         waveform = _one_track(audio, images.shape[0], fps, rate)
         path, subfolder, filename = output_path(bridge.output_dir(), filename_prefix)
-        # on a background pool: a lower priority than the graph's threads (the next decoder, the compare)
-        encode = asyncio.get_running_loop().run_in_executor(background.pool("save"), _encode, path, images, fps,
-                                                            waveform, rate, tags)
+        # this thread only feeds the encode's helper process (which runs below the graph's priority): at the
+        # graph's priority, so the encoders are never short of frames
+        encode = asyncio.get_running_loop().run_in_executor(background.pool("save", nice=0), _encode, path, images,
+                                                            fps, waveform, rate, tags)
         cancelled = False
         while True:  # the thread cannot be stopped: its file is finished (or removed) before the run ends
             try:
@@ -72,9 +73,9 @@ class LTX25SaveVideo:
 
 def _encode(path: str, images: torch.Tensor, fps: float, waveform: torch.Tensor | None, rate: int,
             tags: dict[str, str]) -> None:
-    from .ltx.video_io import write_mp4
+    from .ltx.encoder_process import write_mp4
     try:  # on a worker thread, outside the executor's (thread-local) inference mode: write_mp4 only reads
-        write_mp4(path, images, fps, waveform, rate, tags)  # its inputs; each frame is converted in the frame's mode
+        write_mp4(path, images, fps, waveform, rate, tags)  # its inputs, converting them in their own mode
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)

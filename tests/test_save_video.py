@@ -3,16 +3,18 @@ counter never overwrites; audio is fitted to the video; the node's UI/result con
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
 import sys
+import time
 
 import pytest
 import torch
 
 from nodes import comfy_bridge as bridge
-from nodes.ltx import video_io
+from nodes.ltx import encoder_process, mp4_encoder, video_io
 from nodes.ltx.errors import LTX25Error
 from nodes.output import LTX25SaveVideo
 
@@ -122,7 +124,7 @@ def test_save_runs_on_a_worker_thread_so_the_next_node_can_go_on(output_dir):
     import threading
     assert asyncio.iscoroutinefunction(LTX25SaveVideo.save)
     encoder_threads = set()
-    original = video_io.write_mp4
+    original = encoder_process.write_mp4
 
     def spy(*args, **kwargs):
         encoder_threads.add(threading.get_ident())
@@ -142,11 +144,11 @@ def test_save_runs_on_a_worker_thread_so_the_next_node_can_go_on(output_dir):
         tick.cancel()
         return path, ticks
 
-    video_io.write_mp4 = spy
+    encoder_process.write_mp4 = spy
     try:
         path, ticks = asyncio.run(main())
     finally:
-        video_io.write_mp4 = original
+        encoder_process.write_mp4 = original
     assert encoder_threads and threading.get_ident() not in encoder_threads
     assert ticks > 3 and video_io.probe_mp4(path).frames == 49
 
@@ -154,34 +156,48 @@ def test_save_runs_on_a_worker_thread_so_the_next_node_can_go_on(output_dir):
 @pytest.mark.skipif(not hasattr(os, "setpriority") or not sys.platform.startswith("linux"),
                     reason="per-thread nice values are Linux's")
 def test_encodes_run_below_the_graphs_priority_and_leave_the_callers_alone(output_dir, monkeypatch):
-    """The encode (and the x264 and converter threads it starts, which inherit it) runs background.NICE below the
-    caller, so the nodes running meanwhile keep their cores; the event loop's thread and its default executor
-    keep their priority."""
+    """The helper process's encoding threads run background.NICE below the graph, so the nodes running meanwhile
+    keep their cores; the save's own thread (which only feeds the helper), the helper's reading thread, the event
+    loop's thread and its default executor keep the graph's priority."""
     import threading
     from nodes.ltx import background
-    seen = {}
-    original = video_io.write_mp4
+    encoder_process.close_helpers()  # a fresh helper, started by this save
+    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen: dict[str, set] = {"saver": set(), "helper": set()}
+    original = encoder_process.write_mp4
 
     def spy(*args, **kwargs):
-        seen["encoder"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        child = threading.Thread(target=lambda: seen.setdefault(
-            "child", os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
-        child.start()
-        child.join()
+        seen["saver"].add(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(video_io, "write_mp4", spy)
-    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    monkeypatch.setattr(encoder_process, "write_mp4", spy)
+    done = threading.Event()
+
+    def watch():  # the nice value (field 19 of /proc/…/stat) of every thread of the helper, while it encodes
+        while not done.is_set():
+            for helper in list(encoder_process._BUSY):
+                with contextlib.suppress(OSError):
+                    for task in os.listdir(f"/proc/{helper.process.pid}/task"):
+                        with open(f"/proc/{helper.process.pid}/task/{task}/stat") as f:
+                            seen["helper"].add(int(f.read().rsplit(")", 1)[1].split()[16]))
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
 
     async def main():
-        path = (await LTX25SaveVideo().save(_frames(9), 24.0, "nice"))["result"][0]
+        path = (await LTX25SaveVideo().save(_frames(97, 256, 256), 24.0, "nice"))["result"][0]
         default_pool = await asyncio.to_thread(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         return path, default_pool
 
-    path, default_pool = asyncio.run(main())
-    assert seen["encoder"] == seen["child"] == min(19, caller + background.NICE), seen
+    try:
+        path, default_pool = asyncio.run(main())
+    finally:
+        done.set()
+        watcher.join()
+    assert seen["saver"] == {caller} and seen["helper"] == {caller, min(19, caller + background.NICE)}, seen
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller == default_pool
-    assert video_io.probe_mp4(path).frames == 9
+    assert video_io.probe_mp4(path).frames == 97
 
 
 def test_a_run_cancelled_twice_still_waits_for_the_video(output_dir):
@@ -208,7 +224,7 @@ def test_a_failed_encode_leaves_no_file(output_dir, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("encoder died")
 
-    monkeypatch.setattr(video_io, "write_mp4", broken)
+    monkeypatch.setattr(encoder_process, "write_mp4", broken)
     with pytest.raises(RuntimeError, match="encoder died"):
         _save(_frames(9), 24.0, "gone")
     assert not list(output_dir.iterdir())
@@ -268,7 +284,7 @@ def test_segmented_encode_is_one_stream_in_frame_order(tmp_path, fps):
         keys = sorted(p.pts for p in packets if p.is_keyframe)
         assert all(a < b for a, b in zip(dts, dts[1:])), dts
         rate = container.streams.video[0].time_base
-    starts = [start for start, _ in video_io.segment_bounds(count, 3)]
+    starts = [start for start, _ in mp4_encoder.segment_bounds(count, 3)]
     assert [round(float(k * rate) * fps) for k in keys] == starts == [0, 20, 41]
     with av.open(path) as container:
         means = [float(f.to_ndarray(format="rgb24").mean()) / 255 for f in container.decode(video=0)]
@@ -293,23 +309,23 @@ def test_short_clips_get_segments_long_enough_for_the_b_frame_delay(tmp_path, co
     with av.open(path) as container:
         means = [float(f.to_ndarray(format="rgb24").mean()) / 255 for f in container.decode(video=0)]
     assert len(means) == count and max(abs(m - float(v)) for m, v in zip(means, level)) < 0.02
-    assert keys == max(1, min(segments, count // video_io.MIN_SEGMENT_FRAMES))
+    assert keys == max(1, min(segments, count // mp4_encoder.MIN_SEGMENT_FRAMES))
 
 
 def test_segment_bounds_and_the_default_count():
-    assert video_io.segment_bounds(121, 4) == [(0, 30), (30, 60), (60, 91), (91, 121)]
-    assert video_io.segment_bounds(3, 8) == [(0, 1), (1, 2), (2, 3)]
-    assert [video_io.default_segments(n) for n in (1, 29, 30, 61, 121, 1000)] == [1, 1, 1, 2, 4, 4]
+    assert mp4_encoder.segment_bounds(121, 4) == [(0, 30), (30, 60), (60, 91), (91, 121)]
+    assert mp4_encoder.segment_bounds(3, 8) == [(0, 1), (1, 2), (2, 3)]
+    assert [mp4_encoder.default_segments(n) for n in (1, 29, 30, 61, 121, 1000)] == [1, 1, 1, 2, 4, 4]
 
 
 def test_segments_share_one_x264s_worth_of_threads(monkeypatch):
     """Segments encoding at once split the frame threads one x264 would take (1.5 per core) instead of each taking
     that many; a single segment leaves the choice to x264 (0)."""
-    monkeypatch.setattr(video_io, "usable_cores", lambda: 16)
-    assert video_io.x264_threads(1) == 0
-    assert [video_io.x264_threads(n) for n in (2, 3, 4)] == [12, 8, 6]
-    monkeypatch.setattr(video_io, "usable_cores", lambda: 2)
-    assert video_io.x264_threads(4) == 1
+    monkeypatch.setattr(mp4_encoder, "usable_cores", lambda: 16)
+    assert mp4_encoder.x264_threads(1) == 0
+    assert [mp4_encoder.x264_threads(n) for n in (2, 3, 4)] == [12, 8, 6]
+    monkeypatch.setattr(mp4_encoder, "usable_cores", lambda: 2)
+    assert mp4_encoder.x264_threads(4) == 1
 
 
 def test_each_segments_x264_gets_its_share_of_threads(tmp_path, monkeypatch):
@@ -321,7 +337,7 @@ def test_each_segments_x264_gets_its_share_of_threads(tmp_path, monkeypatch):
         made.append(create(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(video_io, "x264_threads", lambda segments: 10 + segments)
+    monkeypatch.setattr(mp4_encoder, "x264_threads", lambda segments: 10 + segments)
     monkeypatch.setattr(av.CodecContext, "create", spy)
     video_io.write_mp4(str(tmp_path / "t.mp4"), _frames(24), 24.0, segments=3)
     assert [c.thread_count for c in made] == [13, 13]  # the two later segments (the first is the stream's own)

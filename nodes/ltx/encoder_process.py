@@ -1,0 +1,133 @@
+"""Saves encoded in helper processes, so that the graph's threads keep the GIL.
+
+An encode's threads (each segment's x264 feeder, its yuv converter, the muxer) take the GIL for every frame, and
+every torch call of the graph's thread gives it up and must win it back. Measured on the H200 host
+(bench/bench_compare.py, docs/PERFORMANCE.md): the compare node took 0.23 s alone, 1.21 s beside two saves encoding
+on threads of its process, and 0.36 s beside the same saves in two other processes. So a save writes its float
+frames, as they are, into a pipe to a helper process running `mp4_encoder` (the writes hold no GIL), which converts
+and encodes them as they arrive, `background.NICE` below this process. Helpers are kept for the next saves (one
+per save running at once) and end when this process closes their pipe or exits.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import subprocess
+import sys
+import threading
+
+import torch
+
+from . import background, mp4_encoder, video_io
+from .video_io import Mp4Job, host_float32, mp4_job
+
+log = logging.getLogger(__name__)
+MAX_IDLE = 4  # helpers kept waiting for the next save (the A/B graph runs three saves at once)
+_PIPE_BYTES = 1 << 20  # Linux's largest unprivileged pipe buffer: fewer wake-ups per frame than the default 64 KiB
+# Loaded by path under a name of its own: neither this package nor its folder goes on the helper's sys.path.
+_BOOT = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('ltx25_mp4_encoder', sys.argv[1]); "
+         "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); module.main()")
+
+
+class EncoderProcess:
+    """One helper process; `encode` sends it a save and waits for its reply."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", _BOOT, mp4_encoder.__file__, str(background.NICE)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            with contextlib.suppress(AttributeError, OSError):  # not Linux
+                import fcntl
+                fcntl.fcntl(self.process.stdin.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+            if mp4_encoder.read_message(self.process.stdout) != "ready":
+                raise RuntimeError(f"the encoder process exited at start (code {self.process.wait()})")
+        except BaseException:
+            self.close(kill=True)
+            raise
+
+    def encode(self, path: str, frames: torch.Tensor, job: Mp4Job) -> tuple[str, str | None] | None:
+        """Send one save and return the helper's reply, or None if it died."""
+        try:
+            host = host_float32(frames)
+            mp4_encoder.write_message(self.process.stdin, {**job.arguments(path), "shape": host.shape})
+            for index in mp4_encoder.arrival_order(host.shape[0], job.segments):
+                self.process.stdin.write(memoryview(host[index]).cast("B"))
+            self.process.stdin.flush()
+            return mp4_encoder.read_message(self.process.stdout)
+        except (BrokenPipeError, ConnectionResetError):
+            return None
+
+    def close(self, kill: bool = False) -> None:
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()  # its loop ends at the end of its input
+        if kill:
+            self.process.kill()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        with contextlib.suppress(OSError):
+            self.process.stdout.close()
+
+
+_IDLE: list[EncoderProcess] = []  # waiting for the next save
+_BUSY: set[EncoderProcess] = set()  # encoding one
+_LOCK = threading.Lock()
+
+
+def _take() -> EncoderProcess:
+    with _LOCK:
+        while _IDLE:
+            helper = _IDLE.pop()
+            if helper.process.poll() is None:
+                return helper
+    return EncoderProcess()
+
+
+def _give_back(helper: EncoderProcess) -> None:
+    with _LOCK:
+        if len(_IDLE) < MAX_IDLE:
+            _IDLE.append(helper)
+            return
+    helper.close()
+
+
+@atexit.register
+def close_helpers() -> None:
+    """End the idle helpers (at exit; after the interpreter has waited for the saves' threads)."""
+    with _LOCK:
+        helpers = list(_IDLE)
+        _IDLE.clear()
+    for helper in helpers:
+        helper.close()
+
+
+def write_mp4(path: str, frames: torch.Tensor, fps: float, audio: torch.Tensor | None = None,
+              sample_rate: int = 48000, metadata: dict[str, str] | None = None, crf: int = 17,
+              segments: int | None = None) -> str:
+    """`video_io.write_mp4`, encoded by a helper process; in this process if none can be started."""
+    job = mp4_job(frames, fps, audio, sample_rate, metadata, crf, segments)  # bad input fails here, named
+    try:
+        helper = _take()
+    except (OSError, RuntimeError) as error:
+        log.warning("LTX-2.5 save: no encoder process (%s); encoding %s in this process", error, path)
+        return video_io.write_mp4(path, frames, fps, audio, sample_rate, metadata, crf, segments)
+    _BUSY.add(helper)
+    try:
+        reply = helper.encode(path, frames, job)
+    except BaseException:  # failed mid-stream: the helper waits for frames that will not come
+        helper.close(kill=True)
+        raise
+    finally:
+        _BUSY.discard(helper)
+    if reply is None:
+        code = helper.process.poll()
+        helper.close(kill=True)
+        raise RuntimeError(f"{path}: the encoder process ended while encoding (exit code {code})")
+    _give_back(helper)
+    status, message = reply
+    if status != "ok":
+        raise RuntimeError(f"{path}: {message}")
+    return path

@@ -1,0 +1,139 @@
+"""Saves encoded by helper processes (nodes.ltx.encoder_process): the same file as an encode in this process, no
+encoding thread left in this process, helpers reused, and every failure reported by name without a hang or a
+helper left waiting."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+import torch
+
+from nodes.ltx import encoder_process, mp4_encoder, video_io
+
+
+def _frames(count=20, height=33, width=47, seed=0):
+    return torch.rand(count, height, width, 3, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(autouse=True)
+def fresh_helpers():
+    encoder_process.close_helpers()
+    yield
+    encoder_process.close_helpers()
+
+
+def test_a_helpers_file_is_the_file_this_process_writes(tmp_path):
+    """Frames streamed to the helper (odd size, padded; audio; tags; 3 segments) give the very bytes that the
+    in-process encode gives."""
+    frames, audio = _frames(40), torch.rand(2, 80000) - 0.5
+    here, there = str(tmp_path / "here.mp4"), str(tmp_path / "there.mp4")
+    video_io.write_mp4(here, frames, 24.0, audio, 48000, {"comment": "{}"}, segments=3)
+    encoder_process.write_mp4(there, frames, 24.0, audio, 48000, {"comment": "{}"}, segments=3)
+    assert open(here, "rb").read() == open(there, "rb").read()
+
+
+def test_no_encoding_thread_runs_in_this_process(tmp_path):
+    """While a save encodes, this process holds no x264 feeder or frame converter thread: they take the GIL for
+    every frame, and the graph's threads would wait for it."""
+    names: set[str] = set()
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            names.update(t.name for t in threading.enumerate())
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        encoder_process.write_mp4(str(tmp_path / "v.mp4"), _frames(97, 128, 128), 24.0)
+    finally:
+        done.set()
+        watcher.join()
+    assert not {n for n in names if n.startswith(("ltx25-x264", "ltx25-frames"))}, names
+    assert video_io.probe_mp4(str(tmp_path / "v.mp4")).frames == 97
+
+
+def test_helpers_are_reused_and_saves_at_once_get_one_each(tmp_path):
+    encoder_process.write_mp4(str(tmp_path / "a.mp4"), _frames(9), 24.0)
+    first = [h.process.pid for h in encoder_process._IDLE]
+    encoder_process.write_mp4(str(tmp_path / "b.mp4"), _frames(9), 24.0)
+    assert [h.process.pid for h in encoder_process._IDLE] == first and len(first) == 1
+    saves = [threading.Thread(target=encoder_process.write_mp4, args=(str(tmp_path / f"c{i}.mp4"), _frames(60), 24.0))
+             for i in range(3)]
+    for save in saves:
+        save.start()
+    for save in saves:
+        save.join()
+    assert len({h.process.pid for h in encoder_process._IDLE}) == 3
+    assert all(video_io.probe_mp4(str(tmp_path / f"c{i}.mp4")).frames == 60 for i in range(3))
+
+
+def test_an_encode_error_in_the_helper_is_raised_here_and_the_helper_kept(tmp_path):
+    missing = str(tmp_path / "no such folder" / "v.mp4")
+    with pytest.raises(RuntimeError, match="no such folder"):
+        encoder_process.write_mp4(missing, _frames(9), 24.0)
+    assert len(encoder_process._IDLE) == 1
+    encoder_process.write_mp4(str(tmp_path / "v.mp4"), _frames(9), 24.0)  # the same helper, in step
+    assert video_io.probe_mp4(str(tmp_path / "v.mp4")).frames == 9
+
+
+def test_a_helper_that_dies_mid_save_is_reported_and_replaced(tmp_path, monkeypatch):
+    encoder_process.write_mp4(str(tmp_path / "warm.mp4"), _frames(9), 24.0)
+    helper = encoder_process._IDLE[0]
+    order = mp4_encoder.arrival_order
+
+    def killing(*args):
+        for i, index in enumerate(order(*args)):
+            if i == 2:
+                helper.process.kill()
+                helper.process.wait()
+            yield index
+
+    monkeypatch.setattr(mp4_encoder, "arrival_order", killing)  # the order this process sends frames in
+    with pytest.raises(RuntimeError, match=r"dead\.mp4: the encoder process ended while encoding"):
+        encoder_process.write_mp4(str(tmp_path / "dead.mp4"), _frames(40), 24.0)
+    monkeypatch.setattr(mp4_encoder, "arrival_order", order)
+    assert not encoder_process._IDLE
+    encoder_process.write_mp4(str(tmp_path / "next.mp4"), _frames(9), 24.0)
+    assert video_io.probe_mp4(str(tmp_path / "next.mp4")).frames == 9
+
+
+def test_a_failure_mid_stream_ends_that_helper(tmp_path, monkeypatch):
+    """The helper waits for frames that will not come: it is ended, not given to the next save."""
+    order = mp4_encoder.arrival_order
+
+    def failing(*args):
+        for i, index in enumerate(order(*args)):
+            if i == 2:
+                raise MemoryError("no room")
+            yield index
+
+    monkeypatch.setattr(mp4_encoder, "arrival_order", failing)
+    started = []
+    monkeypatch.setattr(encoder_process, "_take", lambda: started.append(encoder_process.EncoderProcess()) or started[-1])
+    with pytest.raises(MemoryError):
+        encoder_process.write_mp4(str(tmp_path / "v.mp4"), _frames(40), 24.0)
+    assert started[0].process.poll() is not None and not encoder_process._IDLE
+
+
+def test_without_a_helper_the_save_is_encoded_here(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(encoder_process.sys, "executable", str(tmp_path / "no-python"))
+    with caplog.at_level(logging.WARNING):
+        encoder_process.write_mp4(str(tmp_path / "v.mp4"), _frames(9), 24.0)
+    assert "encoding" in caplog.text and video_io.probe_mp4(str(tmp_path / "v.mp4")).frames == 9
+
+
+def test_bad_frames_are_refused_before_any_helper_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr(encoder_process, "_take", lambda: pytest.fail("a helper was started"))
+    with pytest.raises(video_io.LTX25Error, match="image batch shape"):
+        encoder_process.write_mp4(str(tmp_path / "v.mp4"), torch.rand(4, 8, 8), 24.0)
+
+
+def test_frames_arrive_segment_by_segment_in_turn():
+    """Each segment's x264 gets its first frame among the first that arrive, not after most of the clip."""
+    order = mp4_encoder.arrival_order(121, 4)
+    assert sorted(order) == list(range(121)) and order[:5] == [0, 30, 60, 91, 1]
+    assert mp4_encoder.arrival_order(20, None) == list(range(20))
