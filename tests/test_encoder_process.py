@@ -137,3 +137,29 @@ def test_frames_arrive_segment_by_segment_in_turn():
     order = mp4_encoder.arrival_order(121, 4)
     assert sorted(order) == list(range(121)) and order[:5] == [0, 30, 60, 91, 1]
     assert mp4_encoder.arrival_order(20, None) == list(range(20))
+
+
+def test_frames_that_arrive_slowly_are_waited_for(tmp_path):
+    """The helper's side (`serve`) on pipes fed one frame at a time with pauses: each segment's encoder waits for
+    its frames, and the file is the one written from frames all in memory."""
+    import os
+    frames, here, there = _frames(36, 32, 48), str(tmp_path / "here.mp4"), str(tmp_path / "there.mp4")
+    video_io.write_mp4(here, frames, 24.0, segments=3)
+    job = video_io.mp4_job(frames, 24.0, segments=3)
+    requests_in, requests_out = (os.fdopen(fd, mode) for fd, mode in zip(os.pipe(), ("rb", "wb")))
+    replies_in, replies_out = (os.fdopen(fd, mode) for fd, mode in zip(os.pipe(), ("rb", "wb")))
+    helper = threading.Thread(target=mp4_encoder.serve, args=(requests_in, replies_out), daemon=True)
+    helper.start()
+    try:
+        assert mp4_encoder.read_message(replies_in) == "ready"
+        host = video_io.host_float32(frames)
+        mp4_encoder.write_message(requests_out, {**job.arguments(there), "shape": host.shape})
+        for index in mp4_encoder.arrival_order(36, 3):
+            requests_out.write(memoryview(host[index]).cast("B"))
+            requests_out.flush()
+            time.sleep(0.005)
+        assert mp4_encoder.read_message(replies_in) == ("ok", None)
+    finally:
+        requests_out.close()  # the helper's loop ends
+        helper.join(timeout=30)
+    assert open(here, "rb").read() == open(there, "rb").read()
