@@ -29,6 +29,7 @@ import torch.multiprocessing  # noqa: F401 - registers the shared-memory tensor 
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_decoder_ratio import seconds  # noqa: E402
 from bench_diffusion_vae import RELEASED_METADATA, build  # noqa: E402
 
 from nodes.ltx import background, video_io  # noqa: E402
@@ -77,9 +78,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    device, dtype = torch.device("cuda"), torch.bfloat16
-    vae = build(RELEASED_METADATA, device, dtype)
-    latent = torch.randn(1, 128, 16, 16, 24, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    vae = build(RELEASED_METADATA, torch.device("cuda"), torch.bfloat16)
+    latent = torch.randn(1, 128, 16, 16, 24, generator=torch.Generator().manual_seed(0)).to("cuda", torch.bfloat16)
     frames = torch.rand(121, 512, 768, 3, generator=torch.Generator().manual_seed(1))
     shared = frames.clone().share_memory_()
     folder = tempfile.mkdtemp()
@@ -91,11 +91,7 @@ def main() -> None:
         return os.path.join(folder, f"v{next(counter)}.mp4")
 
     def decode() -> float:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        dv.decode(vae, latent, processor="auto", tiling_mode="off")
-        torch.cuda.synchronize()
-        return time.perf_counter() - start
+        return seconds(lambda: dv.decode(vae, latent, processor="auto", tiling_mode="off"))
 
     def save_alone() -> dict:
         start = time.perf_counter()
