@@ -163,3 +163,18 @@ def test_frames_that_arrive_slowly_are_waited_for(tmp_path):
         requests_out.close()  # the helper's loop ends
         helper.join(timeout=30)
     assert open(here, "rb").read() == open(there, "rb").read()
+
+
+def test_a_helper_holds_a_few_frames_not_the_clip():
+    """Frames wait to be taken up to `room` of them; the pipe holds the rest back. Each is handed over once."""
+    import io
+    import numpy as np
+    clip = np.random.default_rng(0).random((20, 4, 6, 3), dtype=np.float32)
+    arriving = mp4_encoder._Arriving(clip.shape, room=3)
+    reader = threading.Thread(target=arriving.receive, args=(io.BytesIO(clip.tobytes()), list(range(20))))
+    reader.start()
+    time.sleep(0.2)
+    assert len(arriving._waiting) == 3 and reader.is_alive()
+    assert all(np.array_equal(arriving[i], clip[i]) for i in range(20))
+    reader.join(timeout=10)
+    assert not reader.is_alive() and not arriving._waiting

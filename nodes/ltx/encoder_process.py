@@ -37,7 +37,7 @@ class EncoderProcess:
         self.process = subprocess.Popen([sys.executable, "-c", _BOOT, mp4_encoder.__file__, str(background.NICE)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         try:
-            with contextlib.suppress(AttributeError, OSError):  # not Linux
+            with contextlib.suppress(ImportError, AttributeError, OSError):  # not Linux (Windows has no fcntl)
                 import fcntl
                 fcntl.fcntl(self.process.stdin.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
             if mp4_encoder.read_message(self.process.stdout) != "ready":

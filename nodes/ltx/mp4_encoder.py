@@ -17,7 +17,7 @@ import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
-from typing import BinaryIO, Callable, Iterator, Mapping
+from typing import Any, BinaryIO, Iterator, Mapping
 
 import av
 import numpy as np
@@ -33,13 +33,7 @@ CONVERT_AHEAD = 4  # frames converted to yuv420p ahead of the encoder (each a fe
 # A segment must be longer than x264's B-frame delay: one of 1-2 frames has none, and the next segment's first
 # decode time then falls before its last one (seen at 5 frames in 2 segments). 8 keeps well clear of that.
 MIN_SEGMENT_FRAMES = 8
-
-FrameWait = Callable[[int], None]  # returns once frame i is in the array (frames still arriving), else raises
-
-
-def _no_wait(index: int) -> None:
-    pass
-
+Frames = Any  # `.shape` [F, H, W, 3] and `[i]` → float32 [H, W, 3]: a numpy array, or a helper's arriving frames
 
 def rgb24(frame: np.ndarray) -> np.ndarray:
     """`[H, W, 3]` float in [0, 1] → uint8 `[H', W', 3]` (even sizes), rounded to nearest (half to even). One scaled
@@ -51,26 +45,25 @@ def rgb24(frame: np.ndarray) -> np.ndarray:
     return np.pad(rgb, ((0, pad_h), (0, pad_w), (0, 0)), mode="edge") if pad_h or pad_w else rgb
 
 
-def even_size(frames: np.ndarray) -> tuple[int, int]:
+def even_size(frames: Frames) -> tuple[int, int]:
     """(height, width) of the encoded frames."""
     return frames.shape[1] + frames.shape[1] % 2, frames.shape[2] + frames.shape[2] % 2
 
 
-def _picture(frames: np.ndarray, index: int, wait: FrameWait) -> av.VideoFrame:
-    wait(index)
+def _picture(frames: Frames, index: int) -> av.VideoFrame:
     picture = av.VideoFrame.from_ndarray(rgb24(frames[index]), format="rgb24").reformat(format="yuv420p")
     picture.pts = index
     return picture
 
 
-def _encoded(encode, frames: np.ndarray, start: int, stop: int, wait: FrameWait) -> Iterator[av.Packet]:
+def _encoded(encode, frames: Frames, start: int, stop: int) -> Iterator[av.Packet]:
     """Packets of frames [start, stop) through `encode` (then flushed), each frame's pts its index in the whole
     video. Frames are converted (float → uint8 RGB → yuv420p) on a helper thread a few frames ahead of the encoder:
     in the encoding thread that conversion ran between x264's (multi-threaded) frame encodes, with x264 idle."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ltx25-frames") as converter:
         ahead: deque = deque()
         for index in range(start, stop):
-            ahead.append(converter.submit(_picture, frames, index, wait))
+            ahead.append(converter.submit(_picture, frames, index))
             if len(ahead) > CONVERT_AHEAD:
                 yield from encode(ahead.popleft().result())
         while ahead:
@@ -116,26 +109,26 @@ def arrival_order(frames: int, segments: int | None) -> list[int]:
     return [run[i] for i in range(max(map(len, runs))) for run in runs if i < len(run)]
 
 
-def _encode_segment(frames: np.ndarray, start: int, stop: int, rate: Fraction, options: dict[str, str],
-                    threads: int, wait: FrameWait) -> tuple[bytes, list[av.Packet]]:
+def _encode_segment(frames: Frames, start: int, stop: int, rate: Fraction, options: dict[str, str],
+                    threads: int) -> tuple[bytes, list[av.Packet]]:
     """Frames [start, stop) through an x264 of their own set up as the mp4 stream's: (its parameter sets, packets)."""
     context = av.CodecContext.create("libx264", "w")
     (context.height, context.width), context.pix_fmt = even_size(frames), "yuv420p"
     context.time_base, context.framerate = 1 / rate, rate
     context.flags |= av.codec.context.Flags.global_header  # parameter sets out of band, as the mp4 stream's
     context.options, context.thread_type, context.thread_count = options, _THREAD_TYPE, threads
-    packets = list(_encoded(context.encode, frames, start, stop, wait))  # each in the context's time base
+    packets = list(_encoded(context.encode, frames, start, stop))  # each in the context's time base
     return bytes(context.extradata or b""), packets
 
 
-def encode_mp4(path: str, frames: np.ndarray, rate: Fraction, audio: np.ndarray | None = None,
+def encode_mp4(path: str, frames: Frames, rate: Fraction, audio: np.ndarray | None = None,
                sample_rate: int = 48000, metadata: Mapping[str, str] | None = None, crf: int = 17,
-               segments: int | None = None, wait: FrameWait = _no_wait) -> None:
+               segments: int | None = None) -> None:
     """Float RGB frames `[F, H, W, 3]` in [0, 1] at `rate` fps (+ float32 audio `[C, S]`, C = 1 or 2, already the
     video's length) → `path`. `metadata` values become container tags. `segments` > 1 encodes that many runs
     of frames at once, each by its own x264 starting on a key frame, and joins their packets in one stream: x264's
     frame threads alone kept 11 of 16 cores busy (121 noise frames at 1536×512: 1.16 s, 1.03 s in 4 segments;
-    bench/bench_save_video.py). None: `default_segments`. `wait(i)` is called before frame i is read."""
+    bench/bench_save_video.py). None: `default_segments`. Each frame is read once, `frames[i]`."""
     container = av.open(path, mode="w", format="mp4", options={"movflags": "use_metadata_tags"})
     try:
         for key, value in (metadata or {}).items():
@@ -151,9 +144,9 @@ def encode_mp4(path: str, frames: np.ndarray, rate: Fraction, audio: np.ndarray 
         if audio is not None:
             sound = container.add_stream("aac", rate=sample_rate, layout="stereo" if audio.shape[0] == 2 else "mono")
         with ThreadPoolExecutor(max_workers=max(1, len(later)), thread_name_prefix="ltx25-x264") as pool:
-            pending = [pool.submit(_encode_segment, frames, start, stop, rate, options, threads, wait)
+            pending = [pool.submit(_encode_segment, frames, start, stop, rate, options, threads)
                        for start, stop in later]
-            for packet in _encoded(video.encode, frames, *first, wait):
+            for packet in _encoded(video.encode, frames, *first):
                 container.mux(packet)
             for job in pending:
                 # Joined streams must share one set of parameter sets, which identical x264 settings give; the
@@ -194,39 +187,54 @@ def read_message(stream: BinaryIO) -> object | None:
     return pickle.loads(stream.read(_LENGTH.unpack(head)[0]))
 
 
-class _Arrivals:
-    """Frames of a request read off the pipe so far (in `arrival_order`); `wait(i)` blocks until frame i is in."""
+class _Arriving:
+    """A request's frames as they come off the pipe (in `arrival_order`), for `encode_mp4`: `frames[i]` waits for
+    frame i and hands it over (each is read once). At most `room` frames wait to be taken, so a helper holds a few
+    frames, not the clip (the pipe holds the sender back meanwhile)."""
 
-    def __init__(self, frames: int) -> None:
-        self.arrived, self.error = bytearray(frames), None
+    def __init__(self, shape: tuple[int, ...], room: int) -> None:
+        self.shape, self.room = shape, room
+        self.error: BaseException | None = None
+        self._waiting: dict[int, np.ndarray] = {}
+        self._closed = False  # the encode has ended: later frames are read and dropped
         self._changed = threading.Condition()
 
-    def receive(self, stream: BinaryIO, frames: np.ndarray, order: list[int]) -> None:
+    def receive(self, stream: BinaryIO, order: list[int]) -> None:
         try:
             for count, index in enumerate(order):
-                view = memoryview(frames[index]).cast("B")
-                got = 0
+                frame = np.empty(self.shape[1:], dtype=np.float32)
+                view, got = memoryview(frame).cast("B"), 0
                 while got < len(view):
                     n = stream.readinto(view[got:])
                     if not n:
-                        raise EOFError(f"the frames stopped after {count} of {frames.shape[0]}")
+                        raise EOFError(f"the frames stopped after {count} of {self.shape[0]}")
                     got += n
                 with self._changed:
-                    self.arrived[index] = 1
-                    self._changed.notify_all()
-        except BaseException as error:  # noqa: BLE001 - handed to the encoder's threads by wait()
+                    self._changed.wait_for(lambda: len(self._waiting) < self.room or self._closed)
+                    if not self._closed:
+                        self._waiting[index] = frame
+                        self._changed.notify_all()
+        except BaseException as error:  # noqa: BLE001 - handed to the encoder's threads by __getitem__
             with self._changed:
                 self.error = error
                 self._changed.notify_all()
 
-    def wait(self, index: int) -> None:
+    def __getitem__(self, index: int) -> np.ndarray:
         with self._changed:
-            self._changed.wait_for(lambda: self.arrived[index] or self.error is not None)
-            if not self.arrived[index]:
+            self._changed.wait_for(lambda: index in self._waiting or self.error is not None)
+            if index not in self._waiting:
                 raise self.error
+            self._changed.notify_all()
+            return self._waiting.pop(index)
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._waiting.clear()
+            self._changed.notify_all()
 
 
-def _encode_below(nice: int, reply: list, **arguments) -> None:
+def _encode_below(nice: int, frames: _Arriving, reply: list, **arguments) -> None:
     """`encode_mp4` on a thread `nice` below the helper's main thread (its x264 and converter threads inherit it:
     Linux), which reads the frames off the pipe at the saving process's priority and so keeps the encoders fed."""
     if nice and sys.platform.startswith("linux"):
@@ -234,10 +242,15 @@ def _encode_below(nice: int, reply: list, **arguments) -> None:
             me = threading.get_native_id()
             os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + nice))
     try:
-        encode_mp4(**arguments)
+        encode_mp4(frames=frames, **arguments)
         reply.append(("ok", None))
     except Exception as error:  # noqa: BLE001 - reported to the saving process, which raises it
         reply.append(("error", f"{type(error).__name__}: {error}"))
+    finally:
+        frames.close()  # a failed encode takes no more frames: the rest are read off the pipe and dropped
+
+
+FRAMES_WAITING_PER_SEGMENT = 8  # frames a helper holds per segment at most (each a few MB)
 
 
 def serve(requests: BinaryIO, replies: BinaryIO, nice: int = 0) -> None:
@@ -246,14 +259,16 @@ def serve(requests: BinaryIO, replies: BinaryIO, nice: int = 0) -> None:
     once, then per request ("ok", None) or ("error", message)."""
     write_message(replies, "ready")
     while (request := read_message(requests)) is not None:
-        frames = np.empty(request.pop("shape"), dtype=np.float32)
-        arrivals, reply = _Arrivals(frames.shape[0]), []
-        encoder = threading.Thread(target=_encode_below, args=(nice, reply), name="ltx25-encode",
-                                   kwargs={"frames": frames, "wait": arrivals.wait, **request})
+        shape = request.pop("shape")
+        order = arrival_order(shape[0], request["segments"])
+        frames = _Arriving(shape, FRAMES_WAITING_PER_SEGMENT * len(segments_of(shape[0], request["segments"])))
+        reply: list = []
+        encoder = threading.Thread(target=_encode_below, args=(nice, frames, reply), kwargs=request,
+                                   name="ltx25-encode")
         encoder.start()
-        arrivals.receive(requests, frames, arrival_order(frames.shape[0], request["segments"]))
+        frames.receive(requests, order)
         encoder.join()
-        if arrivals.error is not None:  # the saving process went away mid-request
+        if frames.error is not None:  # the saving process went away mid-request
             return
         write_message(replies, reply[0])
 
