@@ -71,13 +71,30 @@ def test_helpers_are_reused_and_saves_at_once_get_one_each(tmp_path):
     assert all(video_io.probe_mp4(str(tmp_path / f"c{i}.mp4")).frames == 60 for i in range(3))
 
 
-def test_an_encode_error_in_the_helper_is_raised_here_and_the_helper_kept(tmp_path):
-    missing = str(tmp_path / "no such folder" / "v.mp4")
-    with pytest.raises(RuntimeError, match="no such folder"):
-        encoder_process.write_mp4(missing, _frames(9), 24.0)
+@pytest.mark.parametrize("case", ["x264 refuses its settings", "the file cannot be written"])
+def test_an_encode_error_in_the_helper_is_raised_here_and_the_helper_kept(tmp_path, case):
+    """The encode fails early (x264 will not open: a few frames taken) or late (the first packet cannot be
+    written): the helper stops taking frames, reads the rest off the pipe (more than it holds at once) and
+    replies; the error is raised here and the helper, in step, takes the next save."""
+    path, settings = str(tmp_path / "v.mp4"), {"crf": "not a number"}
+    if case == "the file cannot be written":
+        path, settings = str(tmp_path / "no such folder" / "v.mp4"), {}
+    errors = []
+
+    def save():
+        try:
+            encoder_process.write_mp4(path, _frames(60), 24.0, **settings)
+        except RuntimeError as error:
+            errors.append(error)
+
+    saving = threading.Thread(target=save, daemon=True)
+    saving.start()
+    saving.join(timeout=60)
+    assert not saving.is_alive(), "the save hangs: the helper waits for room for frames nobody takes"
+    assert len(errors) == 1 and ("crf" in str(errors[0]) or "no such folder" in str(errors[0])), errors
     assert len(encoder_process._IDLE) == 1
-    encoder_process.write_mp4(str(tmp_path / "v.mp4"), _frames(9), 24.0)  # the same helper, in step
-    assert video_io.probe_mp4(str(tmp_path / "v.mp4")).frames == 9
+    encoder_process.write_mp4(str(tmp_path / "next.mp4"), _frames(9), 24.0)  # the same helper, in step
+    assert video_io.probe_mp4(str(tmp_path / "next.mp4")).frames == 9
 
 
 def test_a_helper_that_dies_mid_save_is_reported_and_replaced(tmp_path, monkeypatch):
