@@ -195,3 +195,22 @@ def test_a_helper_holds_a_few_frames_not_the_clip():
     assert all(np.array_equal(arriving[i], clip[i]) for i in range(20))
     reader.join(timeout=10)
     assert not reader.is_alive() and not arriving._waiting
+
+
+def test_a_segment_that_fails_does_not_leave_the_others_waiting(tmp_path):
+    """400 frames in 4 segments; the first segment's packets cannot be written, so it stops taking frames while
+    the others still want theirs: its untaken frames must not fill the helper's room and starve them."""
+    errors = []
+
+    def save():
+        try:
+            encoder_process.write_mp4(str(tmp_path / "no such folder" / "v.mp4"), _frames(400, 16, 16), 24.0,
+                                      segments=4)
+        except RuntimeError as error:
+            errors.append(error)
+
+    saving = threading.Thread(target=save, daemon=True)
+    saving.start()
+    saving.join(timeout=60)
+    assert not saving.is_alive(), "the save hangs"
+    assert len(errors) == 1 and "no such folder" in str(errors[0]), errors

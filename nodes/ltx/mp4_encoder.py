@@ -62,12 +62,18 @@ def _encoded(encode, frames: Frames, start: int, stop: int) -> Iterator[av.Packe
     in the encoding thread that conversion ran between x264's (multi-threaded) frame encodes, with x264 idle."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ltx25-frames") as converter:
         ahead: deque = deque()
-        for index in range(start, stop):
-            ahead.append(converter.submit(_picture, frames, index))
-            if len(ahead) > CONVERT_AHEAD:
+        try:
+            for index in range(start, stop):
+                ahead.append(converter.submit(_picture, frames, index))
+                if len(ahead) > CONVERT_AHEAD:
+                    yield from encode(ahead.popleft().result())
+            while ahead:
                 yield from encode(ahead.popleft().result())
-        while ahead:
-            yield from encode(ahead.popleft().result())
+        except BaseException:  # this run stops (also when its packets cannot be muxed: GeneratorExit)
+            # frames still arriving: stop taking them, or the untaken ones fill the helper's room and the other
+            # runs (and this run's converter, which the pool waits for) wait for frames forever
+            getattr(frames, "close", lambda: None)()
+            raise
     yield from encode(None)
 
 
@@ -221,13 +227,15 @@ class _Arriving:
 
     def __getitem__(self, index: int) -> np.ndarray:
         with self._changed:
-            self._changed.wait_for(lambda: index in self._waiting or self.error is not None)
+            self._changed.wait_for(lambda: index in self._waiting or self.error is not None or self._closed)
             if index not in self._waiting:
-                raise self.error
+                raise self.error or RuntimeError("the encode has stopped taking frames")
             self._changed.notify_all()
             return self._waiting.pop(index)
 
     def close(self) -> None:
+        """No more frames are taken (the encode has ended or failed): those waiting and those still to come are
+        dropped, and any wait for one raises."""
         with self._changed:
             self._closed = True
             self._waiting.clear()
