@@ -4,6 +4,7 @@ helper left waiting."""
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -214,3 +215,17 @@ def test_a_segment_that_fails_does_not_leave_the_others_waiting(tmp_path):
     saving.join(timeout=60)
     assert not saving.is_alive(), "the save hangs"
     assert len(errors) == 1 and "no such folder" in str(errors[0]), errors
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a shell script stands in for the interpreter")
+def test_an_interpreter_that_never_answers_is_given_up_on(tmp_path, monkeypatch, caplog):
+    """sys.executable is not always a Python that runs `-c` (an embedding app): a helper that does not say it is
+    ready in time is ended, and the save is encoded here."""
+    silent = tmp_path / "silent"
+    silent.write_text("#!/bin/sh\nexec sleep 600\n")
+    silent.chmod(0o755)
+    monkeypatch.setattr(encoder_process.sys, "executable", str(silent))
+    monkeypatch.setattr(encoder_process, "READY_TIMEOUT_S", 1.0)
+    with caplog.at_level(logging.WARNING):
+        encoder_process.write_mp4(str(tmp_path / "v.mp4"), _frames(9), 24.0)
+    assert "no answer" in caplog.text and video_io.probe_mp4(str(tmp_path / "v.mp4")).frames == 9

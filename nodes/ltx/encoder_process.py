@@ -24,6 +24,7 @@ from .video_io import Mp4Job, host_float32, mp4_job
 
 log = logging.getLogger(__name__)
 MAX_IDLE = 4  # helpers kept waiting for the next save (the A/B graph runs three saves at once)
+READY_TIMEOUT_S = 60.0  # a helper imports PyAV and numpy, seconds on a cold disk; something else never answers
 _PIPE_BYTES = 1 << 20  # Linux's largest unprivileged pipe buffer: fewer wake-ups per frame than the default 64 KiB
 # Loaded by path under a name of its own: neither this package nor its folder goes on the helper's sys.path.
 _BOOT = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('ltx25_mp4_encoder', sys.argv[1]); "
@@ -40,8 +41,14 @@ class EncoderProcess:
             with contextlib.suppress(ImportError, AttributeError, OSError):  # not Linux (Windows has no fcntl)
                 import fcntl
                 fcntl.fcntl(self.process.stdin.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-            if mp4_encoder.read_message(self.process.stdout) != "ready":
-                raise RuntimeError(f"the encoder process exited at start (code {self.process.wait()})")
+            ready: list = []  # read on a thread: a wait with a timeout that works on any platform's pipes
+            greeting = threading.Thread(target=lambda: ready.append(mp4_encoder.read_message(self.process.stdout)),
+                                        daemon=True)
+            greeting.start()
+            greeting.join(READY_TIMEOUT_S)
+            if ready != ["ready"]:
+                raise RuntimeError(f"the encoder process ({sys.executable}) did not start: "
+                                   f"{'exit code ' + str(self.process.poll()) if ready else 'no answer'}")
         except BaseException:
             self.close(kill=True)
             raise
