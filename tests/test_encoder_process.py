@@ -18,6 +18,24 @@ def _frames(count=20, height=33, width=47, seed=0):
     return torch.rand(count, height, width, 3, generator=torch.Generator().manual_seed(seed))
 
 
+def _failure_in_time(path: str, frames: torch.Tensor, **settings) -> RuntimeError:
+    """The RuntimeError of a save that must fail, within a minute (a hang fails the test instead of stalling it)."""
+    errors: list[RuntimeError] = []
+
+    def save():
+        try:
+            encoder_process.write_mp4(path, frames, 24.0, **settings)
+        except RuntimeError as error:
+            errors.append(error)
+
+    saving = threading.Thread(target=save, daemon=True)
+    saving.start()
+    saving.join(timeout=60)
+    assert not saving.is_alive(), "the save hangs: the helper waits for frames nobody sends or room nobody frees"
+    assert len(errors) == 1, "the save did not fail"
+    return errors[0]
+
+
 @pytest.fixture(autouse=True)
 def fresh_helpers():
     encoder_process.close_helpers()
@@ -80,19 +98,8 @@ def test_an_encode_error_in_the_helper_is_raised_here_and_the_helper_kept(tmp_pa
     path, settings = str(tmp_path / "v.mp4"), {"crf": "not a number"}
     if case == "the file cannot be written":
         path, settings = str(tmp_path / "no such folder" / "v.mp4"), {}
-    errors = []
-
-    def save():
-        try:
-            encoder_process.write_mp4(path, _frames(60), 24.0, **settings)
-        except RuntimeError as error:
-            errors.append(error)
-
-    saving = threading.Thread(target=save, daemon=True)
-    saving.start()
-    saving.join(timeout=60)
-    assert not saving.is_alive(), "the save hangs: the helper waits for room for frames nobody takes"
-    assert len(errors) == 1 and ("crf" in str(errors[0]) or "no such folder" in str(errors[0])), errors
+    error = _failure_in_time(path, _frames(60), **settings)
+    assert "crf" in str(error) or "no such folder" in str(error), error
     assert len(encoder_process._IDLE) == 1
     encoder_process.write_mp4(str(tmp_path / "next.mp4"), _frames(9), 24.0)  # the same helper, in step
     assert video_io.probe_mp4(str(tmp_path / "next.mp4")).frames == 9
@@ -201,20 +208,8 @@ def test_a_helper_holds_a_few_frames_not_the_clip():
 def test_a_segment_that_fails_does_not_leave_the_others_waiting(tmp_path):
     """400 frames in 4 segments; the first segment's packets cannot be written, so it stops taking frames while
     the others still want theirs: its untaken frames must not fill the helper's room and starve them."""
-    errors = []
-
-    def save():
-        try:
-            encoder_process.write_mp4(str(tmp_path / "no such folder" / "v.mp4"), _frames(400, 16, 16), 24.0,
-                                      segments=4)
-        except RuntimeError as error:
-            errors.append(error)
-
-    saving = threading.Thread(target=save, daemon=True)
-    saving.start()
-    saving.join(timeout=60)
-    assert not saving.is_alive(), "the save hangs"
-    assert len(errors) == 1 and "no such folder" in str(errors[0]), errors
+    error = _failure_in_time(str(tmp_path / "no such folder" / "v.mp4"), _frames(400, 16, 16), segments=4)
+    assert "no such folder" in str(error), error
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a shell script stands in for the interpreter")
