@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 
+import av
+import numpy as np
 import pytest
 import torch
 
@@ -43,14 +45,28 @@ def fresh_helpers():
     encoder_process.close_helpers()
 
 
+def _same_video(here: str, there: str) -> None:
+    """The two files hold the same frames: as many, each within 30 dB PSNR of its twin. Not byte for byte: x264s
+    encoding segments at once now and then code a frame differently from identical input (seen 33.5 dB apart, in
+    about 1 of 5 runs, with every frame's float, RGB and YUV input hashed equal); a frame out of place is ~11 dB."""
+    def frames(path):
+        with av.open(path) as container:
+            return [f.to_ndarray(format="rgb24").astype(np.float64) for f in container.decode(video=0)]
+    a, b = frames(here), frames(there)
+    assert len(a) == len(b)
+    mse = [float(((x - y) ** 2).mean()) for x, y in zip(a, b)]
+    assert all(m == 0 or 10 * np.log10(255**2 / m) > 30 for m in mse), mse
+
+
 def test_a_helpers_file_is_the_file_this_process_writes(tmp_path):
-    """Frames streamed to the helper (odd size, padded; audio; tags; 3 segments) give the very bytes that the
+    """Frames streamed to the helper (odd size, padded; audio; tags; 3 segments) give the video that the
     in-process encode gives."""
     frames, audio = _frames(40), torch.rand(2, 80000) - 0.5
     here, there = str(tmp_path / "here.mp4"), str(tmp_path / "there.mp4")
     video_io.write_mp4(here, frames, 24.0, audio, 48000, {"comment": "{}"}, segments=3)
     encoder_process.write_mp4(there, frames, 24.0, audio, 48000, {"comment": "{}"}, segments=3)
-    assert open(here, "rb").read() == open(there, "rb").read()
+    _same_video(here, there)
+    assert video_io.probe_mp4(here) == video_io.probe_mp4(there)  # size, audio, tags
 
 
 def test_no_encoding_thread_runs_in_this_process(tmp_path):
@@ -166,7 +182,7 @@ def test_frames_arrive_segment_by_segment_in_turn():
 
 def test_frames_that_arrive_slowly_are_waited_for(tmp_path):
     """The helper's side (`serve`) on pipes fed one frame at a time with pauses: each segment's encoder waits for
-    its frames, and the file is the one written from frames all in memory."""
+    its frames, and the video is the one written from frames all in memory."""
     import os
     frames, here, there = _frames(36, 32, 48), str(tmp_path / "here.mp4"), str(tmp_path / "there.mp4")
     video_io.write_mp4(here, frames, 24.0, segments=3)
@@ -187,13 +203,12 @@ def test_frames_that_arrive_slowly_are_waited_for(tmp_path):
     finally:
         requests_out.close()  # the helper's loop ends
         helper.join(timeout=30)
-    assert open(here, "rb").read() == open(there, "rb").read()
+    _same_video(here, there)
 
 
 def test_a_helper_holds_a_few_frames_not_the_clip():
     """Frames wait to be taken up to `room` of them; the pipe holds the rest back. Each is handed over once."""
     import io
-    import numpy as np
     clip = np.random.default_rng(0).random((20, 4, 6, 3), dtype=np.float32)
     arriving = mp4_encoder._Arriving(clip.shape, room=3)
     reader = threading.Thread(target=arriving.receive, args=(io.BytesIO(clip.tobytes()), list(range(20))))
