@@ -42,13 +42,20 @@ class EncoderProcess:
                 import fcntl
                 fcntl.fcntl(self.process.stdin.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
             ready: list = []  # read on a thread: a wait with a timeout that works on any platform's pipes
-            greeting = threading.Thread(target=lambda: ready.append(mp4_encoder.read_message(self.process.stdout)),
-                                        daemon=True)
+
+            def greet() -> None:
+                try:
+                    ready.append(mp4_encoder.read_message(self.process.stdout))
+                except Exception as error:  # noqa: BLE001 - not our helper talking (an unpicklable answer)
+                    ready.append(error)
+
+            greeting = threading.Thread(target=greet, daemon=True)
             greeting.start()
             greeting.join(READY_TIMEOUT_S)
             if ready != ["ready"]:
-                raise RuntimeError(f"the encoder process ({sys.executable}) did not start: "
-                                   f"{'exit code ' + str(self.process.poll()) if ready else 'no answer'}")
+                answer = "no answer" if not ready else f"exit code {self.process.poll()}" if ready[0] is None \
+                    else repr(ready[0])
+                raise RuntimeError(f"the encoder process ({sys.executable}) did not start: {answer}")
         except BaseException:
             self.close(kill=True)
             raise
