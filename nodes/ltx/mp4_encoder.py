@@ -35,6 +35,7 @@ CONVERT_AHEAD = 4  # frames converted to yuv420p ahead of the encoder (each a fe
 MIN_SEGMENT_FRAMES = 8
 Frames = Any  # `.shape` [F, H, W, 3] and `[i]` → float32 [H, W, 3]: a numpy array, or a helper's arriving frames
 
+
 def rgb24(frame: np.ndarray) -> np.ndarray:
     """`[H, W, 3]` float in [0, 1] → uint8 `[H', W', 3]` (even sizes), rounded to nearest (half to even). One scaled
     copy converted in place: a temporary per operation made the conversion cost as much as the encode."""

@@ -279,7 +279,7 @@ def na3d_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: 
     with on_device(q.device):
         _kernel[grid](q, k, v, out, onehots, t, h, w, heads, *box, *q.stride()[:5], *out.stride()[:5],
                       *kernel_size, qt, qh, qw, *sections, onehots.shape[1], _FAR[q.dtype],
-                      dim, max(16, 1 << (dim - 1).bit_length()), config.block_n,
+                      dim, max(16, triton.next_power_of_2(dim)), config.block_n,
                       "ieee" if q.dtype == torch.float32 else "tf32",  # float32 stays float32, not TF32
                       num_warps=config.num_warps, num_stages=config.num_stages)
     return out
@@ -294,11 +294,8 @@ def _onehot_sections(tile: tuple[int, int, int], kernel_size: tuple[int, int, in
     """Columns of the one-hot per axis: the box's largest length, at least 16 (tl.dot's least K); the frame
     section keeps one more column, outside every window, for the padding keys of the last block."""
     longest = [q + kk - 1 for q, kk in zip(tile, kernel_size)]
-    return (max(16, _pow2(longest[0] + 1)), max(16, _pow2(longest[1])), max(16, _pow2(longest[2])))
-
-
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
+    pow2 = triton.next_power_of_2
+    return max(16, pow2(longest[0] + 1)), max(16, pow2(longest[1])), max(16, pow2(longest[2]))
 
 
 @functools.lru_cache(maxsize=64)
@@ -309,7 +306,7 @@ def _key_onehots(box: tuple[int, int, int], sections: tuple[int, int, int], bloc
     The same for every program and every call of a shape, so built once."""
     keys = box[0] * box[1] * box[2]
     n = torch.arange(keys, device=device)
-    onehots = torch.zeros(-(-keys // block_n) * block_n, _pow2(sum(sections)), dtype=dtype, device=device)
+    onehots = torch.zeros(-(-keys // block_n) * block_n, triton.next_power_of_2(sum(sections)), dtype=dtype, device=device)
     onehots[n, n // (box[1] * box[2])] = 1
     onehots[n, sections[0] + (n // box[2]) % box[1]] = 1
     onehots[n, sections[0] + sections[1] + n % box[2]] = 1
