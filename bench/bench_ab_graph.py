@@ -33,6 +33,7 @@ import json
 import os
 import sys
 import tempfile
+import subprocess
 import time
 import traceback
 
@@ -213,6 +214,52 @@ def run_graph(prompt: dict, preset: dict, device: torch.device, heavy: dict,
     return rows, result["outputs"], result["wall_s"]
 
 
+# --cpu-trace: a sampler process reads /proc/stat (every core's busy time) and this process's own CPU time
+_SAMPLER = """
+import os, sys, time
+pid, out = sys.argv[1], open(sys.argv[2], "w", buffering=1)
+while True:
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    with open(f"/proc/{pid}/stat") as f:
+        mine = f.read().rsplit(")", 1)[1].split()
+    out.write(f"{time.monotonic()} {sum(fields) - fields[3] - fields[4]} {sum(fields)} {int(mine[11]) + int(mine[12])}\\n")
+    time.sleep(0.025)
+"""
+
+
+class CpuTrace:
+    """Cores busy over a time window, in 100 ms bins: all of them, and those of this process (the graph's threads;
+    the rest are the saves' helpers and anything else)."""
+
+    def __init__(self) -> None:
+        self.path = tempfile.mktemp(prefix="cpu_trace_")
+        self.sampler = subprocess.Popen([sys.executable, "-c", _SAMPLER, str(os.getpid()), self.path])
+
+    def window(self, start: float, end: float, step: float = 0.1) -> dict:
+        """{"t": bin starts after `start`, "all": cores busy, "graph": this process's cores} (time.perf_counter
+        times: CLOCK_MONOTONIC, as the sampler's time.monotonic)."""
+        with open(self.path) as f:
+            rows = [tuple(float(v) for v in line.split()) for line in f if line.count(" ") == 3]
+        cores = os.cpu_count() or 1
+        bins: dict = {"t": [], "all": [], "graph": []}
+        t = start
+        while t < end:
+            inside = [r for r in rows if t <= r[0] <= t + step]
+            if len(inside) >= 2:
+                (t0, b0, a0, m0), (t1, b1, a1, m1) = inside[0], inside[-1]
+                bins["t"].append(round(t - start, 2))
+                bins["all"].append(round(cores * (b1 - b0) / max(1.0, a1 - a0), 1))
+                bins["graph"].append(round(cores * (m1 - m0) / max(1.0, a1 - a0), 1))
+            t += step
+        return bins
+
+    def close(self) -> None:
+        self.sampler.kill()
+        self.sampler.wait()
+        os.remove(self.path)
+
+
 def _table(cold: dict, warm: dict) -> str:
     lines = [f"{'node':>4} {'title':<36} {'cold s':>8} {'warm s':>8} {'ends at':>8} {'peak GiB':>9} {'alloc end':>9}  "
              "on GPU at start"]
@@ -258,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ab", choices=sorted(AB_VARIANTS), default="encoder", help="previews: the compare's "
                         "viewer frames written in line or in the background; encoder: the saves encoded on threads "
                         "of this process or in helper processes")
+    parser.add_argument("--cpu-trace", action="store_true", help="record the cores busy during each A/B run "
+                        "(Linux /proc/stat), in 100 ms bins")
     parser.add_argument("--skip-new-prompt", action="store_true", help="skip the new-prompt encode after run 2")
     parser.add_argument("--offload-first", action="store_true",
                         help="CUDA: move every built module to the CPU before run 1 (as the loaders leave them)")
@@ -311,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         preset = {k: outputs[k] for k in LOADERS}
         result["build_s"] = {LOADERS[k]: round(row["s"], 3) for k, row in loaders.items()}
         heavy = {LOADERS[k]: v[0].module for k, v in preset.items() if k != "2"}
+    trace = CpuTrace() if args.cpu_trace else None
     try:
         cold, _, cold_wall = run_graph(prompt, preset, device, heavy)
         warm, _, warm_wall = run_graph(prompt, preset, device, heavy)
@@ -318,11 +368,17 @@ def main(argv: list[str] | None = None) -> int:
             for variant, patch in AB_VARIANTS[args.ab]:
                 undo = patch()
                 try:
-                    wall = run_graph(prompt, preset, device, heavy)[2]
+                    start = time.perf_counter()
+                    rows, _, wall = run_graph(prompt, preset, device, heavy)
                 finally:
                     undo()
                     image_compare.wait_for_previews()
                 result.setdefault("ab_runs", {}).setdefault(variant, []).append(round(wall, 3))
+                if trace:
+                    time.sleep(0.1)
+                    result.setdefault("cpu_trace", {}).setdefault(variant, []).append(
+                        {**trace.window(start, start + wall + 0.1),
+                         "ends": {row["node"]: round(row["t_end"], 2) for row in rows.values()}})
                 print(f"[bench] warm run, {variant}: {wall:.3f} s", file=sys.stderr, flush=True)
         fresh = dict(prompt)
         fresh["3"] = {**prompt["3"], "inputs": {**prompt["3"]["inputs"], "prompt": NEW_PROMPT}}
@@ -332,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         result["errors"]["graph"] = f"{type(e).__name__}: {e}"
         print(json.dumps(result, default=str))
         return 1
+    finally:
+        if trace:
+            trace.close()
     decoded = [k for k in cold if k not in OUTPUTS]
     result.update(
         cold=cold, warm=warm, encode_new_prompt=new_prompt.get("3"),
