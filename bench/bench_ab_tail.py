@@ -5,8 +5,8 @@ holds the event loop for about a second, and after it the compare runs and the s
 ends when the last encode does. Here the decodes are replaced by noise frames (what random weights decode to) and
 the diffusion decode by a 1 s wait, and the tail — compare + the three encodes — is timed from the diffusion
 decode's end, per policy (patched for the bench only): the pack's defaults (encodes in helper processes); the
-encodes on threads of this process (as before `encoder_process`); the viewer's frames at the saves' priority; the
-encodes one at a time; the compare's uploads from pageable memory (as before `_upload`); its canvas in pinned memory
+encodes on threads of this process (as before `encoder_process`); the viewer's frames at the saves' priority (not
+on idle cores only); the encodes one at a time; the compare's uploads from pageable memory (as before `_upload`); its canvas in pinned memory
 (reused, no page faults). The policies on x264's segments and the encodes' priority timed in the fifth run are gone:
 those patches do not reach the helper processes.
 
@@ -87,10 +87,14 @@ def main() -> None:
             timed_encode(path, *rest)
 
     in_helpers, upload, preview_nice = encoder_process.write_mp4, image_compare._upload, background.PREVIEW_NICE
+    make_pool = background.pool
+
+    def busy_cores_pool(*args, **kwargs):  # the previews' pool without SCHED_IDLE
+        return make_pool(*args, **{**kwargs, "idle": False})
     policies = {
         "defaults": {},
         "encodes_on_threads_of_this_process": {"write_mp4": video_io.write_mp4},
-        "previews_at_the_saves_priority": {"preview_nice": background.NICE},
+        "previews_at_the_saves_priority": {"preview_nice": background.NICE, "preview_idle": False},
         "one_encode_at_a_time": {"serial": True},
         "pageable_uploads": {"upload": lambda t, device, dtype: t.to(device, dtype, non_blocking=True)},
         "pinned_canvas": {"torch": _PinnedEmpty()},
@@ -110,11 +114,13 @@ def main() -> None:
                     stale.shutdown()
                 background._POOLS.clear()  # fresh threads at this policy's priority
                 background.PREVIEW_NICE = policy.get("preview_nice", preview_nice)
+                background.pool = make_pool if policy.get("preview_idle", True) else busy_cores_pool
                 ends.clear()
                 try:
                     row = asyncio.run(tail(a, b, ends))
                 finally:
                     background.PREVIEW_NICE, encoder_process.write_mp4, output._encode = preview_nice, in_helpers, encode
+                    background.pool = make_pool
                     image_compare._upload, image_compare.torch = upload, torch
                     image_compare.wait_for_previews()
                 if repeat:

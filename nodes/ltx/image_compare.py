@@ -194,7 +194,8 @@ def write_preview_frames(frames: torch.Tensor, folder: str, prefix: str, picks: 
             log.warning("LTX-2.5 A/B viewer: preview frame %s was not written: %s", name, error)
 
     for index, name in zip(picks, names):
-        job = background.pool("previews", nice=background.PREVIEW_NICE).submit(write, index, name)
+        # on idle cores only: beside the saves (whose files the run waits for) they took 2 CPU-seconds from them
+        job = background.pool("previews", nice=background.PREVIEW_NICE, idle=True).submit(write, index, name)
         with _PENDING_LOCK:
             _PENDING_PREVIEWS.add(job)
         job.add_done_callback(_preview_written)  # runs on the writing thread (here if already done)
