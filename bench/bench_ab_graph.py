@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -228,6 +229,38 @@ while True:
 """
 
 
+class Pauses:
+    """What can stall a run besides its nodes: the garbage collector's passes (the GIL held throughout) and helper
+    processes started for saves (`encoder_process.EncoderProcess`), each as (perf_counter start, seconds)."""
+
+    def __init__(self) -> None:
+        self.gc: list[tuple[float, float]] = []
+        self.helpers: list[tuple[float, float]] = []
+        self._gc_start = 0.0
+        gc.callbacks.append(self._on_gc)
+        start_helper = encoder_process.EncoderProcess.__init__
+
+        def timed_start(helper, *args, **kwargs):
+            began = time.perf_counter()
+            start_helper(helper, *args, **kwargs)
+            self.helpers.append((began, time.perf_counter() - began))
+
+        encoder_process.EncoderProcess.__init__ = timed_start
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc.append((self._gc_start, time.perf_counter() - self._gc_start))
+
+    def window(self, start: float, end: float) -> dict:
+        def inside(events):
+            return [(round(t - start, 3), round(s, 3)) for t, s in events if start <= t <= end]
+        gc_passes = inside(self.gc)
+        return {"gc_passes": len(gc_passes), "gc_s": round(sum(s for _, s in gc_passes), 3),
+                "gc_longest": max(gc_passes, key=lambda e: e[1], default=None), "helpers_started": inside(self.helpers)}
+
+
 class CpuTrace:
     """Cores busy over a time window, in 100 ms bins: all of them, and those of this process (the graph's threads;
     the rest are the saves' helpers and anything else)."""
@@ -360,10 +393,14 @@ def main(argv: list[str] | None = None) -> int:
         preset = {k: outputs[k] for k in LOADERS}
         result["build_s"] = {LOADERS[k]: round(row["s"], 3) for k, row in loaders.items()}
         heavy = {LOADERS[k]: v[0].module for k, v in preset.items() if k != "2"}
-    trace = CpuTrace() if args.cpu_trace else None
+    trace, pauses = CpuTrace() if args.cpu_trace else None, Pauses()
     try:
+        start = time.perf_counter()
         cold, _, cold_wall = run_graph(prompt, preset, device, heavy)
+        result["pauses"] = {"cold": pauses.window(start, start + cold_wall)}
+        start = time.perf_counter()
         warm, _, warm_wall = run_graph(prompt, preset, device, heavy)
+        result["pauses"]["warm"] = pauses.window(start, start + warm_wall)
         for run in range(args.ab_runs):  # the same warm graph, alternating the pack's way and the other
             for variant, patch in AB_VARIANTS[args.ab]:
                 undo = patch()
@@ -374,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                     undo()
                     image_compare.wait_for_previews()
                 result.setdefault("ab_runs", {}).setdefault(variant, []).append(round(wall, 3))
+                result["pauses"].setdefault(variant, []).append(pauses.window(start, start + wall))
                 if trace:
                     time.sleep(0.1)
                     result.setdefault("cpu_trace", {}).setdefault(variant, []).append(

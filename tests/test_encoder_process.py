@@ -39,8 +39,10 @@ def _failure_in_time(path: str, frames: torch.Tensor, **settings) -> RuntimeErro
 
 
 @pytest.fixture(autouse=True)
-def fresh_helpers():
+def fresh_helpers(monkeypatch):
+    """No helpers at the start; none started ahead unless a test asks (so the others count helpers exactly)."""
     encoder_process.close_helpers()
+    monkeypatch.setattr(encoder_process, "SPARES", 0)
     yield
     encoder_process.close_helpers()
 
@@ -104,6 +106,35 @@ def test_helpers_are_reused_and_saves_at_once_get_one_each(tmp_path):
         save.join()
     assert len({h.process.pid for h in encoder_process._IDLE}) == 3
     assert all(video_io.probe_mp4(str(tmp_path / f"c{i}.mp4")).frames == 60 for i in range(3))
+
+
+def _idle_pids(count: int) -> set[int]:
+    """The idle helpers' pids once there are `count` of them (a spare starts in the background)."""
+    deadline = time.monotonic() + 60
+    while len(encoder_process._IDLE) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {h.process.pid for h in encoder_process._IDLE}
+
+
+def test_a_spare_helper_is_ready_for_the_next_save_at_once(tmp_path, monkeypatch):
+    """The save that takes the last idle helper starts one more in the background, so saves that begin while others
+    encode (the A/B graph's) find a helper waiting instead of starting one beside busy encoders."""
+    monkeypatch.setattr(encoder_process, "SPARES", 1)
+    encoder_process.write_mp4(str(tmp_path / "a.mp4"), _frames(9), 24.0)
+    two = _idle_pids(2)
+    assert len(two) == 2  # the one that saved, and a spare
+    starters, start = [], encoder_process.EncoderProcess
+    monkeypatch.setattr(encoder_process, "EncoderProcess",
+                        lambda: starters.append(threading.current_thread().name) or start())
+    saves = [threading.Thread(target=encoder_process.write_mp4, args=(str(tmp_path / f"b{i}.mp4"), _frames(30), 24.0))
+             for i in range(2)]
+    for save in saves:
+        save.start()
+    for save in saves:
+        save.join()
+    assert _idle_pids(3) > two  # both saves took a waiting helper; taking the last one started the next spare
+    assert starters == ["ltx25-spare-encoder"]
+    assert all(video_io.probe_mp4(str(tmp_path / f"b{i}.mp4")).frames == 30 for i in range(2))
 
 
 @pytest.mark.parametrize("case", ["x264 refuses its settings", "the file cannot be written"])
