@@ -137,6 +137,24 @@ def test_a_spare_helper_is_ready_for_the_next_save_at_once(tmp_path, monkeypatch
     assert all(video_io.probe_mp4(str(tmp_path / f"b{i}.mp4")).frames == 30 for i in range(2))
 
 
+def test_a_save_waits_for_the_spare_being_started_instead_of_starting_another(monkeypatch):
+    monkeypatch.setattr(encoder_process, "SPARES", 1)
+    starters, start = [], encoder_process.EncoderProcess
+
+    def slow_start():  # spares start slowly: the second save comes while the first spare is starting
+        starters.append(threading.current_thread().name)
+        time.sleep(0.5 if starters[-1] != "MainThread" else 0)
+        return start()
+
+    monkeypatch.setattr(encoder_process, "EncoderProcess", slow_start)
+    first = encoder_process._take()  # none idle, none starting: one for this save, and a spare
+    second = encoder_process._take()  # the spare, waited for; taking it starts the next spare
+    for helper in (first, second):
+        encoder_process._give_back(helper)
+    encoder_process.close_helpers()  # waits for the spares being started
+    assert first is not second and sorted(starters) == ["MainThread"] + ["ltx25-spare-encoder"] * 2
+
+
 @pytest.mark.parametrize("case", ["x264 refuses its settings", "the file cannot be written"])
 def test_an_encode_error_in_the_helper_is_raised_here_and_the_helper_kept(tmp_path, case):
     """The encode fails early (x264 will not open: a few frames taken) or late (the first packet cannot be
