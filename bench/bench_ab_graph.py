@@ -217,14 +217,15 @@ def run_graph(prompt: dict, preset: dict, device: torch.device, heavy: dict,
 
 # --cpu-trace: a sampler process reads /proc/stat (every core's busy time) and this process's own CPU time
 _SAMPLER = """
-import os, sys, time
+import sys, time
 pid, out = sys.argv[1], open(sys.argv[2], "w", buffering=1)
 while True:
     with open("/proc/stat") as f:
         fields = [int(v) for v in f.readline().split()[1:]]
     with open(f"/proc/{pid}/stat") as f:
         mine = f.read().rsplit(")", 1)[1].split()
-    out.write(f"{time.monotonic()} {sum(fields) - fields[3] - fields[4]} {sum(fields)} {int(mine[11]) + int(mine[12])}\\n")
+    busy, mine = sum(fields) - fields[3] - fields[4], int(mine[11]) + int(mine[12])  # all but idle and iowait
+    out.write(f"{time.monotonic()} {busy} {sum(fields)} {mine}\\n")
     time.sleep(0.025)
 """
 

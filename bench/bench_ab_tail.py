@@ -6,9 +6,9 @@ ends when the last encode does. Here the decodes are replaced by noise frames (w
 the diffusion decode by a 1 s wait, and the tail — compare + the three encodes — is timed from the diffusion
 decode's end, per policy (patched for the bench only): the pack's defaults (encodes in helper processes); the
 encodes on threads of this process (as before `encoder_process`); the viewer's frames at the saves' priority (not
-on idle cores only); the encodes one at a time; the compare's uploads from pageable memory (as before `_upload`); its canvas in pinned memory
-(reused, no page faults). The policies on x264's segments and the encodes' priority timed in the fifth run are gone:
-those patches do not reach the helper processes.
+on idle cores only); the encodes one at a time; the compare's uploads from pageable memory (as before `_upload`);
+its canvas in pinned memory (reused, no page faults). The policies on x264's segments and the encodes' priority
+timed in the fifth run are gone: those patches do not reach the helper processes.
 
     python bench/bench_ab_tail.py [--repeats 3]
 """
