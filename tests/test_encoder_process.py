@@ -98,14 +98,19 @@ def test_helpers_are_reused_and_saves_at_once_get_one_each(tmp_path):
     first = [h.process.pid for h in encoder_process._IDLE]
     encoder_process.write_mp4(str(tmp_path / "b.mp4"), _frames(9), 24.0)
     assert [h.process.pid for h in encoder_process._IDLE] == first and len(first) == 1
-    saves = [threading.Thread(target=encoder_process.write_mp4, args=(str(tmp_path / f"c{i}.mp4"), _frames(60), 24.0))
-             for i in range(3)]
-    for save in saves:
-        save.start()
-    for save in saves:
-        save.join()
+    _saves_at_once(tmp_path, "c", 3, 60)
     assert len({h.process.pid for h in encoder_process._IDLE}) == 3
-    assert all(video_io.probe_mp4(str(tmp_path / f"c{i}.mp4")).frames == 60 for i in range(3))
+
+
+def _saves_at_once(folder, prefix: str, saves: int, frames: int) -> None:
+    """`saves` saves of `frames` frames each, on threads at once; each file then holds its frames."""
+    threads = [threading.Thread(target=encoder_process.write_mp4,
+                                args=(str(folder / f"{prefix}{i}.mp4"), _frames(frames), 24.0)) for i in range(saves)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(video_io.probe_mp4(str(folder / f"{prefix}{i}.mp4")).frames == frames for i in range(saves))
 
 
 def _idle_pids(count: int) -> set[int]:
@@ -126,15 +131,9 @@ def test_a_spare_helper_is_ready_for_the_next_save_at_once(tmp_path, monkeypatch
     starters, start = [], encoder_process.EncoderProcess
     monkeypatch.setattr(encoder_process, "EncoderProcess",
                         lambda: starters.append(threading.current_thread().name) or start())
-    saves = [threading.Thread(target=encoder_process.write_mp4, args=(str(tmp_path / f"b{i}.mp4"), _frames(30), 24.0))
-             for i in range(2)]
-    for save in saves:
-        save.start()
-    for save in saves:
-        save.join()
+    _saves_at_once(tmp_path, "b", 2, 30)
     assert _idle_pids(3) > two  # both saves took a waiting helper; taking the last one started the next spare
     assert starters == ["ltx25-spare-encoder"]
-    assert all(video_io.probe_mp4(str(tmp_path / f"b{i}.mp4")).frames == 30 for i in range(2))
 
 
 def test_a_save_waits_for_the_spare_being_started_instead_of_starting_another(monkeypatch):
