@@ -43,19 +43,20 @@ export function readAbPayload(ab, reportFrames) {
 }
 
 /**
- * Point `image` at `urlFor(0)`, and after a failed load try `urlFor(1)`, `urlFor(2)`, … every `delayMs`, at most
- * `retries` times: the compare node writes its preview frames in the background after it returns, so a frame may
- * not be on the server yet when the viewer asks. Each attempt has its own URL, so no failure is served from cache.
- * `urlFor` returning null stops the retries (the viewer has moved on to another run's frames).
+ * Point `image` at `urlFor(0)`, and after a failed load try `urlFor(1)`, `urlFor(2)`, … at most `retries` times,
+ * waiting `delayMs` and then twice as long each time up to `maxDelayMs` (the defaults ask for ~2.5 minutes): the
+ * compare node writes its preview frames in the background, on cores the saves leave idle, so a frame may not be on
+ * the server until the saves of a long clip are done. Each attempt has its own URL, so no failure is served from
+ * cache. `urlFor` returning null stops the retries (the viewer has moved on to another run's frames).
  */
-export function loadWithRetry(image, urlFor, retries = 40, delayMs = 250, schedule = setTimeout) {
+export function loadWithRetry(image, urlFor, retries = 40, delayMs = 250, schedule = setTimeout, maxDelayMs = 4000) {
   let attempt = 0;
   image.onerror = () => {
     if (attempt >= retries) return;
     schedule(() => {
       const url = urlFor(++attempt);
       if (url !== null) image.src = url;
-    }, delayMs);
+    }, Math.min(maxDelayMs, delayMs * 2 ** attempt));
   };
   image.src = urlFor(0);
   return image;

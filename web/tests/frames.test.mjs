@@ -59,6 +59,22 @@ test("a preview frame not written yet is asked for again, each time under a new 
   assert.equal(pending.length, 0, "after `retries` attempts the viewer stops asking");
 });
 
+test("the waits between attempts double up to a ceiling, so a frame written minutes late still shows", () => {
+  const waits = [];
+  const image = {};
+  loadWithRetry(image, (attempt) => `/view?rand=k.${attempt}`, 7, 250, (fn, ms) => waits.push(ms) && fn(), 2000);
+  for (let i = 0; i < 8; i++) image.onerror();
+  assert.deepEqual(waits, [250, 500, 1000, 2000, 2000, 2000, 2000]);
+  assert.equal(image.src, "/view?rand=k.7");
+  const defaults = [];
+  const byDefault = { onerror: null };
+  loadWithRetry(byDefault, () => "/view", undefined, undefined, (fn, ms) => defaults.push(ms) && fn());
+  for (let i = 0; i < 50; i++) byDefault.onerror();
+  const total = defaults.reduce((sum, ms) => sum + ms, 0);
+  assert.equal(defaults.length, 40);
+  assert.ok(total > 120000, `the defaults wait ${total} ms in all`);
+});
+
 test("retries stop once the viewer has moved on to another run", () => {
   const pending = [];
   const image = {};
