@@ -172,11 +172,20 @@ def test_encodes_run_below_the_graphs_priority_and_leave_the_callers_alone(outpu
         return original(*args, **kwargs)
 
     monkeypatch.setattr(encoder_process, "write_mp4", spy)
-    done = threading.Event()
+    done, busy, encode = threading.Event(), set(), encoder_process.EncoderProcess.encode
+
+    def encoding(helper, *args):
+        busy.add(helper)
+        try:
+            return encode(helper, *args)
+        finally:
+            busy.discard(helper)
+
+    monkeypatch.setattr(encoder_process.EncoderProcess, "encode", encoding)
 
     def watch():  # the nice value (field 19 of /proc/…/stat) of every thread of the helper, while it encodes
         while not done.is_set():
-            for helper in list(encoder_process._BUSY):
+            for helper in list(busy):
                 with contextlib.suppress(OSError):
                     for task in os.listdir(f"/proc/{helper.process.pid}/task"):
                         with open(f"/proc/{helper.process.pid}/task/{task}/stat") as f:

@@ -88,7 +88,6 @@ class EncoderProcess:
 
 
 _IDLE: list[EncoderProcess] = []  # waiting for the next save
-_BUSY: set[EncoderProcess] = set()  # encoding one
 _STARTING: list[threading.Thread] = []  # starting spares
 _LOCK = threading.Lock()
 
@@ -158,14 +157,11 @@ def write_mp4(path: str, frames: torch.Tensor, fps: float, audio: torch.Tensor |
     except (OSError, RuntimeError) as error:
         log.warning("LTX-2.5 save: no encoder process (%s); encoding %s in this process", error, path)
         return video_io.write_mp4(path, frames, fps, audio, sample_rate, metadata, crf, segments)
-    _BUSY.add(helper)
     try:
         reply = helper.encode(path, frames, job)
     except BaseException:  # failed mid-stream: the helper waits for frames that will not come
         helper.close(kill=True)
         raise
-    finally:
-        _BUSY.discard(helper)
     if reply is None:
         code = helper.process.poll()
         helper.close(kill=True)
