@@ -156,7 +156,7 @@ def write_mp4(path: str, frames: torch.Tensor, fps: float, audio: torch.Tensor |
         helper = _take()
     except (OSError, RuntimeError) as error:
         log.warning("LTX-2.5 save: no encoder process (%s); encoding %s in this process", error, path)
-        return video_io.write_mp4(path, frames, fps, audio, sample_rate, metadata, crf, segments)
+        return video_io.write_job(path, frames, job)
     try:
         reply = helper.encode(path, frames, job)
     except BaseException:  # failed mid-stream: the helper waits for frames that will not come

@@ -98,10 +98,14 @@ def mp4_job(frames: torch.Tensor, fps: float, audio: torch.Tensor | None = None,
 def write_mp4(path: str, frames: torch.Tensor, fps: float, audio: torch.Tensor | None = None,
               sample_rate: int = 48000, metadata: Mapping[str, str] | None = None, crf: int = 17,
               segments: int | None = None) -> str:
-    """Frames `[F, H, W, 3]` float in [0, 1] (+ optional audio `[C, S]` float in [−1, 1], C = 1 or 2) → H.264/AAC mp4,
-    in this process (`encoder_process.write_mp4` encodes in a helper process). `metadata` values are stored as
-    container tags; the audio is fitted to F/fps seconds; see `mp4_encoder.encode_mp4` for `segments`."""
-    job = mp4_job(frames, fps, audio, sample_rate, metadata, crf, segments)
+    """Frames `[F, H, W, 3]` float in [0, 1] (+ optional audio `[C, S]` float in [−1, 1], C = 1 or 2) →
+    H.264/AAC mp4, in this process (`encoder_process.write_mp4` encodes in a helper process). `metadata` values are
+    stored as container tags; the audio is fitted to F/fps seconds; see `mp4_encoder.encode_mp4` for `segments`."""
+    return write_job(path, frames, mp4_job(frames, fps, audio, sample_rate, metadata, crf, segments))
+
+
+def write_job(path: str, frames: torch.Tensor, job: Mp4Job) -> str:
+    """A checked save (`mp4_job`) encoded in this process."""
     encode_mp4(frames=host_float32(frames), **job.arguments(path))
     return path
 
