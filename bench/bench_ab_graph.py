@@ -33,8 +33,8 @@ import gc
 import json
 import os
 import sys
-import tempfile
 import subprocess
+import tempfile
 import time
 import traceback
 
@@ -267,7 +267,8 @@ class CpuTrace:
     the rest are the saves' helpers and anything else)."""
 
     def __init__(self) -> None:
-        self.path = tempfile.mktemp(prefix="cpu_trace_")
+        handle, self.path = tempfile.mkstemp(prefix="cpu_trace_")
+        os.close(handle)  # the sampler opens it by name
         self.sampler = subprocess.Popen([sys.executable, "-c", _SAMPLER, str(os.getpid()), self.path])
 
     def window(self, start: float, end: float, step: float = 0.1) -> dict:

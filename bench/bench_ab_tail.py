@@ -119,7 +119,8 @@ def main() -> None:
                 try:
                     row = asyncio.run(tail(a, b, ends))
                 finally:
-                    background.PREVIEW_NICE, encoder_process.write_mp4, output._encode = preview_nice, in_helpers, encode
+                    background.PREVIEW_NICE, output._encode = preview_nice, encode
+                    encoder_process.write_mp4 = in_helpers
                     background.pool = make_pool
                     image_compare._upload, image_compare.torch = upload, torch
                     image_compare.wait_for_previews()

@@ -141,7 +141,8 @@ def main() -> None:
                 print(f"[{'round ' + str(round_) if round_ else 'warm-up'}] {name}: {json.dumps(row)}", flush=True)
     child.shutdown()
     medians = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for name, runs in rows.items()}
-    print("[median] " + json.dumps({"cpus": os.cpu_count(), "gpu": torch.cuda.get_device_name(), **medians}), flush=True)
+    summary = {"cpus": os.cpu_count(), "gpu": torch.cuda.get_device_name(), **medians}
+    print("[median] " + json.dumps(summary), flush=True)
 
 
 if __name__ == "__main__":

@@ -202,7 +202,8 @@ def test_a_failure_mid_stream_ends_that_helper(tmp_path, monkeypatch):
 
     monkeypatch.setattr(mp4_encoder, "arrival_order", failing)
     started = []
-    monkeypatch.setattr(encoder_process, "_take", lambda: started.append(encoder_process.EncoderProcess()) or started[-1])
+    monkeypatch.setattr(encoder_process, "_take",
+                        lambda: started.append(encoder_process.EncoderProcess()) or started[-1])
     with pytest.raises(MemoryError):
         encoder_process.write_mp4(str(tmp_path / "v.mp4"), _frames(40), 24.0)
     assert started[0].process.poll() is not None and not encoder_process._IDLE

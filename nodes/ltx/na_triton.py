@@ -306,7 +306,8 @@ def _key_onehots(box: tuple[int, int, int], sections: tuple[int, int, int], bloc
     The same for every program and every call of a shape, so built once."""
     keys = box[0] * box[1] * box[2]
     n = torch.arange(keys, device=device)
-    onehots = torch.zeros(-(-keys // block_n) * block_n, triton.next_power_of_2(sum(sections)), dtype=dtype, device=device)
+    rows, columns = -(-keys // block_n) * block_n, triton.next_power_of_2(sum(sections))
+    onehots = torch.zeros(rows, columns, dtype=dtype, device=device)
     onehots[n, n // (box[1] * box[2])] = 1
     onehots[n, sections[0] + (n // box[2]) % box[1]] = 1
     onehots[n, sections[0] + sections[1] + n % box[2]] = 1
