@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(VPY) -m pytest
 
 demo: $(STAMP)
-	$(VPY) -m nodes.demo --models $(MODELS) --out $(OUT)
+	$(VPY) -m nodes.tools.demo --models $(MODELS) --out $(OUT)
 
 clean:
 	rm -rf $(VENV) .cache $(OUT)

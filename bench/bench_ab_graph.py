@@ -7,7 +7,7 @@ at 768×512×121 with real-shape RANDOM weights for every component, seconds and
 Real files are 66 GB, so on CUDA the loader nodes are not run: each engine module is built in memory on the GPU from
 its released config by the builders of the per-component benchmarks (bench_transformer / bench_text_encoder /
 bench_conv_vae / bench_diffusion_vae; upsampler and audio VAE here from their released configs, ltx25.md §8, §11),
-registered with `nodes.handles.Loaded.register` under a minimal AssetInfo carrying the official file name, and its
+registered with `nodes.comfy.handles.Loaded.register` under a minimal AssetInfo carrying the official file name, and its
 `Loaded` stands in for the loader's output. The text encoder is fed to the real Encode Prompt node: its spec is read
 from the tiny text-encoder file (tokenizer: the tiny one, ids padded to the real 1024 tokens) with the real Gemma
 config swapped in, and `text_encoder.load_text_encoder` is replaced by one returning the in-memory module (so the node's
@@ -43,17 +43,20 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nodes import NODE_CLASS_MAPPINGS, comfy_bridge as bridge  # noqa: E402
-from nodes import compare as compare_node  # noqa: E402
-from nodes.graph import validate  # noqa: E402
-from nodes.handles import Loaded  # noqa: E402
-from nodes.run import execute as run_execute  # noqa: E402
-from nodes.ltx import encoder_process, image_compare, video_io  # noqa: E402
-from nodes.ltx import text_encoder as te  # noqa: E402
-from nodes.ltx.accelerated_denoise import release  # noqa: E402
-from nodes.ltx.assets import AssetInfo, Header, Kind  # noqa: E402
-from nodes.ltx.tiny import write_tiny_set  # noqa: E402
-from nodes.ltx.tiny_common import GEMMA_VERSION, MODEL_VERSION, OFFICIAL_FILES  # noqa: E402
+from nodes.comfy import bridge  # noqa: E402
+from nodes.registry import NODE_CLASS_MAPPINGS  # noqa: E402
+from nodes.comfy import compare as compare_node
+from nodes.tools.graph import validate  # noqa: E402
+from nodes.comfy.handles import Loaded  # noqa: E402
+from nodes.tools.run import execute as run_execute  # noqa: E402
+from nodes.media import encoder_process
+from nodes.ltx.decode import compare as image_compare
+from nodes.media import video_io
+from nodes.ltx.text import encoder as te
+from nodes.ltx.dit.accelerated_denoise import release  # noqa: E402
+from nodes.ltx.files.assets import AssetInfo, Header, Kind  # noqa: E402
+from nodes.tools.tiny import write_tiny_set  # noqa: E402
+from nodes.tools.tiny.common import GEMMA_VERSION, MODEL_VERSION, OFFICIAL_FILES  # noqa: E402
 
 WORKFLOW = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "workflows", "api", "ltx25_t2v_distilled_decoder_ab.json")
@@ -107,8 +110,8 @@ def build_real(device: torch.device, tiny_text_encoder: str) -> tuple[dict, dict
     import bench_transformer
     from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
     from nodes.ltx import audio_vae as av
-    from nodes.ltx import conv_vae as cv
-    from nodes.ltx import transformer as T
+    from nodes.ltx.decode import conv_vae as cv
+    from nodes.ltx.dit import transformer as T
     from nodes.ltx.upsampler import UpsamplerConfig
     from transformers.models.gemma4_unified.configuration_gemma4_unified import Gemma4UnifiedConfig
 

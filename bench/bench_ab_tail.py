@@ -27,11 +27,14 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from nodes import comfy_bridge as bridge  # noqa: E402
-from nodes import output  # noqa: E402
-from nodes.compare import LTX25DecoderCompare  # noqa: E402
-from nodes.ltx import background, encoder_process, image_compare, video_io  # noqa: E402
-from nodes.output import LTX25SaveVideo  # noqa: E402
+from nodes.comfy import bridge
+from nodes.comfy import output
+from nodes.comfy.compare import LTX25DecoderCompare  # noqa: E402
+from nodes.media import background
+from nodes.media import encoder_process
+from nodes.ltx.decode import compare as image_compare
+from nodes.media import video_io
+from nodes.comfy.output import LTX25SaveVideo  # noqa: E402
 
 DIFFUSION_DECODE_S = 1.0
 

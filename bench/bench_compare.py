@@ -1,4 +1,4 @@
-"""The decoder A/B compare node (nodes.compare.LTX25DecoderCompare) at a real shape, node and parts: the per-frame
+"""The decoder A/B compare node (nodes.comfy.compare.LTX25DecoderCompare) at a real shape, node and parts: the per-frame
 PSNR/SSIM on the compute device, the side-by-side canvas, the preview PNGs (written in the background after the
 node returns) — alone and while two H.264 saves run beside it (as in the A/B graph, where the conv and diffusion
 saves are still encoding when the compare starts), with the saves on threads of this process and in two other
@@ -23,9 +23,11 @@ import torch
 import torch.multiprocessing  # noqa: F401 - shared-memory tensors pickle by handle to the processes
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from nodes import comfy_bridge as bridge  # noqa: E402
-from nodes.compare import LTX25DecoderCompare  # noqa: E402
-from nodes.ltx import background, image_compare, video_io  # noqa: E402
+from nodes.comfy import bridge
+from nodes.comfy.compare import LTX25DecoderCompare  # noqa: E402
+from nodes.media import background
+from nodes.ltx.decode import compare as image_compare
+from nodes.media import video_io
 
 
 def timed(fn, repeats: int) -> float:

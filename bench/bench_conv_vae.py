@@ -1,4 +1,4 @@
-"""Conv video VAE decode: ours (nodes.ltx.conv_vae.decode_conv) vs diffusers' AutoencoderKLLTX2Video.decode on the
+"""Conv video VAE decode: ours (nodes.ltx.decode.conv_vae.decode_conv) vs diffusers' AutoencoderKLLTX2Video.decode on the
 same latent and the same weights, at the real LTX-2.5 conv-VAE config with random bf16 weights.
 
     python bench/bench_conv_vae.py            # CUDA, real shapes (768×512×121, 1920×1088×121, 1920×1088×241)
@@ -26,8 +26,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from diffusers import AutoencoderKLLTX2Video  # noqa: E402
 
-from nodes.ltx import conv_vae as cv  # noqa: E402
-from nodes.ltx.conv_tiling import TilingRequest  # noqa: E402
+from nodes.ltx.decode import conv_vae as cv
+from nodes.ltx.decode.conv_tiling import TilingRequest  # noqa: E402
 
 PEAK_TFLOPS = 990.0
 REAL_SHAPES = {"768x512x121": (16, 16, 24), "1920x1088x121": (16, 34, 60)}

@@ -21,8 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_conv_vae import build as build_conv  # noqa: E402
 from bench_diffusion_vae import RELEASED_METADATA, build  # noqa: E402
 
-from nodes.ltx import conv_vae as cv  # noqa: E402
-from nodes.ltx import diffusion_vae as dv  # noqa: E402
+from nodes.ltx.decode import conv_vae as cv
+from nodes.ltx.decode import diffusion_vae as dv
 
 
 def seconds(fn) -> float:

@@ -1,4 +1,4 @@
-"""Diffusion-VAE decode: ours (nodes.ltx.diffusion_vae.decode) per attention processor and tiling mode vs diffusers'
+"""Diffusion-VAE decode: ours (nodes.ltx.decode.diffusion_vae.decode) per attention processor and tiling mode vs diffusers'
 own `LTX2VideoDiffusionDecoderModel.decode` (its default flex processor, untiled and with its tiling) on the same
 latent and weights: the released decoder config (417 M parameters) with random bf16 weights built on the GPU.
 
@@ -31,9 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from diffusers.models.autoencoders.ltx2_diffusion_decoder import (  # noqa: E402
     LTX2VideoDiffusionDecoderModel, LTX2VideoVaeNeighborhoodAttnProcessor)
 
-from nodes.ltx import diffusion_tiling as dt  # noqa: E402
-from nodes.ltx import diffusion_vae as dv  # noqa: E402
-from nodes.ltx import na_attention as na  # noqa: E402
+from nodes.ltx.decode import diffusion_tiling as dt
+from nodes.ltx.decode import diffusion_vae as dv
+from nodes.ltx.kernels import na_attention as na
 
 GiB = 2**30
 RELEASED_METADATA = {"config": {"vae": {"_class_name": "CausalDiffusionVAE", "model_output_type": "x0", "decoder": {
@@ -180,7 +180,7 @@ def conv_decode(shape: tuple[int, int, int], device, dtype, repeats) -> dict:
     """Our conv decode on the same latent shape (the other decoder of the A/B), auto tiling."""
     try:
         from bench_conv_vae import build as build_conv
-        from nodes.ltx import conv_vae as cv
+        from nodes.ltx.decode import conv_vae as cv
     except ImportError as error:
         return {"error": f"conv VAE bench helpers unavailable: {error}"}
     _ref, conv = build_conv(cv.SHIPPED_VAE_CONFIG, device, dtype)

@@ -19,8 +19,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from nodes.ltx import na_attention as na  # noqa: E402
-from nodes.ltx import na_triton  # noqa: E402
+from nodes.ltx.kernels import na_attention as na
+from nodes.ltx.kernels import na_triton
 
 # (T, H, W), heads, kernel of each stage's attention at 768×512×121 (ltx25.md §10; stage 5 on 4-pixel patches)
 STAGES = {

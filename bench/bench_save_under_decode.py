@@ -32,8 +32,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decoder_ratio import seconds  # noqa: E402
 from bench_diffusion_vae import RELEASED_METADATA, build  # noqa: E402
 
-from nodes.ltx import background, video_io  # noqa: E402
-from nodes.ltx import diffusion_vae as dv  # noqa: E402
+from nodes.media import background
+from nodes.media import video_io
+from nodes.ltx.decode import diffusion_vae as dv
 
 
 def _child_encode(path: str, frames: torch.Tensor) -> float:

@@ -1,4 +1,4 @@
-"""H.264 save speed (nodes.ltx.video_io.write_mp4) on noise-like frames — what random-weight decodes give, x264's worst
+"""H.264 save speed (nodes.media.video_io.write_mp4) on noise-like frames — what random-weight decodes give, x264's worst
 case — and on a smooth moving gradient (closer to real video), per x264 threading mode.
 
     python bench/bench_save_video.py [--frames 121 --size 768x512]
@@ -15,7 +15,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from nodes.ltx import mp4_encoder, video_io  # noqa: E402
+from nodes.media import mp4_encoder
+from nodes.media import video_io
 
 
 def smooth(frames: int, height: int, width: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_na_kernel import timed  # noqa: E402
 
-from nodes.ltx import fused_block  # noqa: E402
+from nodes.ltx.kernels import fused_block
 
 
 def main() -> None:

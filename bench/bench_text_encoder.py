@@ -5,7 +5,7 @@
     python bench/bench_text_encoder.py --smoke    # CPU, the tiny file's config
 
 Compared in one run on the same weights and inputs:
-- ours:  `nodes.ltx.text_encoder.run_encoder` (inference mode, no KV cache, hidden states folded into the
+- ours:  `nodes.ltx.text.encoder.run_encoder` (inference mode, no KV cache, hidden states folded into the
          [B, T, D·L] stack layer by layer and freed as they go);
 - plain: the reference's transformers path: `model.model(ids, mask, output_hidden_states=True)` (default KV cache),
          then feature extractor V2 as the reference writes it (stack all 49 states, RMS over D, reshape, where,
@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nodes.ltx import text_encoder as te  # noqa: E402
-from nodes.ltx.tiny_common import TINY_DIMS  # noqa: E402
+from nodes.ltx.text import encoder as te
+from nodes.tools.tiny.common import TINY_DIMS  # noqa: E402
 from transformers.models.gemma4_unified.configuration_gemma4_unified import Gemma4UnifiedConfig  # noqa: E402
 
 PEAK_BF16_FLOPS = 990e12

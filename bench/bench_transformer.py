@@ -5,10 +5,10 @@
 
 Per stage (stage 1: video [1,128,16,8,12] + audio [1,8,126,16]; stage 2: [1,128,16,16,24] + audio), side by side
 in one run on the same weights and inputs:
-- `ours`: `nodes.ltx.transformer.denoise` (eager diffusers blocks, cached positions, [B,1] timesteps);
+- `ours`: `nodes.ltx.dit.transformer.denoise` (eager diffusers blocks, cached positions, [B,1] timesteps);
 - `diffusers`: a plain `LTX2VideoTransformer3DModel` forward as diffusers' LTX-2 pipeline calls it (its own coords,
   an all-ones text mask, per-sample timesteps) plus the x0 arithmetic;
-- `graphed`: the sampler's `cuda_graph` denoiser (`nodes.ltx.accelerated_denoise.make_denoiser`): the whole DiT
+- `graphed`: the sampler's `cuda_graph` denoiser (`nodes.ltx.dit.accelerated_denoise.make_denoiser`): the whole DiT
   forward captured in one CUDA graph per shape (static buffers; the host no longer issues ~15k kernel launches per
   step);
 - `compiled`: its `compile` mode: `torch.compile` on each transformer block (diffusers' regional compilation);
@@ -32,10 +32,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nodes.ltx import transformer as T  # noqa: E402
-from nodes.ltx.accelerated_denoise import make_denoiser  # noqa: E402
+from nodes.ltx.dit import transformer as T
+from nodes.ltx.dit.accelerated_denoise import make_denoiser  # noqa: E402
 from nodes.ltx.conditioning import Conditioning  # noqa: E402
-from nodes.ltx.positions import (first_frame_keyframes_mask, patchify_audio, patchify_video,  # noqa: E402
+from nodes.ltx.dit.positions import (first_frame_keyframes_mask, patchify_audio, patchify_video,  # noqa: E402
                                  unpatchify_audio, unpatchify_video)
 
 STAGE1_SIGMAS = (1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875, 0.0)  # ltx25.md §7

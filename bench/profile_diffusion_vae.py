@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_diffusion_vae import RELEASED_METADATA, TINY_METADATA, build  # noqa: E402
 
-from nodes.ltx import diffusion_vae as dv  # noqa: E402
-from nodes.ltx import na_attention as na  # noqa: E402
+from nodes.ltx.decode import diffusion_vae as dv
+from nodes.ltx.kernels import na_attention as na
 
 
 class Clock:

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_diffusion_vae import RELEASED_METADATA, build  # noqa: E402
 
-from nodes.ltx import diffusion_vae as dv  # noqa: E402
+from nodes.ltx.decode import diffusion_vae as dv
 
 vae = build(RELEASED_METADATA, torch.device("cuda"), torch.bfloat16)
 latent = torch.randn(1, 128, 16, 16, 24, device="cuda", dtype=torch.bfloat16)

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
-from nodes.ltx import tiny  # noqa: E402
+from nodes.tools import tiny
 
 
 @pytest.fixture(scope="session")
@@ -28,12 +28,11 @@ def tiny_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def tiny_file(tiny_dir):
     """`tiny_file("conv_vae")` → path of that tiny file (written on first use, seed 0)."""
-    import importlib
 
     def get(component: str) -> str:
         path = tiny.tiny_paths(tiny_dir)[component]
         if not os.path.exists(path):
-            importlib.import_module(f"nodes.ltx.{component}").write_tiny(path, 0)
+            tiny.write_tiny(component, path, 0)
         return path
 
     return get
@@ -47,7 +46,7 @@ def transformer_path(tiny_file) -> str:
 @pytest.fixture(scope="module")
 def transformer(transformer_path):
     """The tiny transformer in float32, one per test module (tests may change its config or caches)."""
-    from nodes.ltx.transformer import load_transformer
+    from nodes.ltx.dit.transformer import load_transformer
 
     return load_transformer(transformer_path, torch.float32)
 
@@ -55,8 +54,7 @@ def transformer(transformer_path):
 @pytest.fixture(scope="session")
 def tiny_models(tiny_dir, tiny_file) -> str:
     """The whole tiny set; also made the standalone models folder of the bridge."""
-    from nodes import comfy_bridge
-
+    from nodes.comfy import bridge as comfy_bridge
     for component in tiny.tiny_paths(tiny_dir):
         tiny_file(component)
     comfy_bridge.set_models_dir(tiny_dir)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nodes.handles import Loaded
-from nodes.ltx import accelerated_denoise as A
-from nodes.ltx import transformer as T
-from nodes.ltx.assets import inspect_asset
+from nodes.comfy.handles import Loaded
+from nodes.ltx.dit import accelerated_denoise as A
+from nodes.ltx.dit import transformer as T
+from nodes.ltx.files.assets import inspect_asset
 from nodes.ltx.conditioning import Conditioning
 from nodes.ltx.errors import LTX25Error
-from nodes.sampling import LTX25DistilledSampler, LTX25EmptyLatent
+from nodes.comfy.sampling import LTX25DistilledSampler, LTX25EmptyLatent
 
 VIDEO, AUDIO = (1, 128, 3, 2, 2), (1, 8, 5, 16)
 VIDEO2 = (1, 128, 3, 4, 4)   # a second shape (stage 2 doubles H and W)

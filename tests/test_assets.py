@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from nodes.ltx import assets
-from nodes.ltx.assets import Kind
+from nodes.ltx.files import assets
+from nodes.ltx.files.assets import Kind
 from nodes.ltx.errors import LTX25Error
 
 

@@ -11,12 +11,12 @@ from diffusers.models.autoencoders.autoencoder_kl_ltx2_audio import LTX2AudioPix
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from nodes.audio import LTX25AudioDecode
-from nodes.handles import Loaded
+from nodes.comfy.audio import LTX25AudioDecode
+from nodes.comfy.handles import Loaded
 from nodes.ltx import audio_vae as av
-from nodes.ltx.assets import inspect_asset
+from nodes.ltx.files.assets import inspect_asset
 from nodes.ltx.errors import LTX25Error
-from nodes.ltx.keymap import KeyMap, check_coverage
+from nodes.ltx.files.keymap import KeyMap, check_coverage
 
 T_17_FRAMES_24FPS = 18          # round(17 / 24 · 25): 0.7 s of audio keeps the vocoder tests fast (one shape)
 

@@ -7,9 +7,7 @@ import weakref
 
 import torch
 
-from nodes import comfy_bridge as bridge
-
-
+from nodes.comfy import bridge
 class FakePatcher:
     """A patcher whose 'device' is a flag, so eviction can be observed on a CPU-only machine."""
 

@@ -40,7 +40,7 @@ def object_info(server) -> dict:
 def tiny_set(server, tiny_models) -> str:
     """The session's tiny set, linked file by file into the running server's models folders (ComfyUI re-reads
     a folder when its mtime changes)."""
-    from nodes.ltx.tiny import tiny_paths
+    from nodes.tools.tiny import tiny_paths
     for source in tiny_paths(tiny_models).values():
         target = os.path.join(server.models_dir, os.path.relpath(source, tiny_models))
         if not os.path.lexists(target):
@@ -72,7 +72,8 @@ def test_object_info_lists_all_15_pack_nodes_with_their_declared_inputs(server, 
         f"missing {sorted(set(EXPECTED_NODES) - set(found))}, unexpected {sorted(set(found) - set(EXPECTED_NODES))}"
         f"\n{_pack_log_errors(server)}")
 
-    from nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, comfy_bridge
+    from nodes.comfy import bridge as comfy_bridge
+    from nodes.registry import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
     # model-file widgets list the same folder on both sides
     monkeypatch.setattr(comfy_bridge, "_models_dir_override", server.models_dir)
     for name in EXPECTED_NODES:
@@ -122,7 +123,7 @@ def test_loader_widgets_list_the_tiny_files_under_their_official_names(server, t
     """The loaders' file widgets see the models folders given by --extra-model-paths-config, including
     `latent_upscale_models`, which ComfyUI 0.3.x does not define itself. Fails when the pack registers the
     folder too late or in the wrong place, so the upsampler loader offers nothing."""
-    from nodes.ltx.tiny_common import OFFICIAL_FILES
+    from nodes.tools.tiny.common import OFFICIAL_FILES
     info = server.client.get("/object_info")
     loader_of = {"diffusion_models": "LTX25TransformerLoader", "text_encoders": "LTX25TextEncoderLoader",
                  "vae": "LTX25VideoVAELoader", "latent_upscale_models": "LTX25UpsamplerLoader"}

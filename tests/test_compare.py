@@ -7,11 +7,11 @@ import sys
 import pytest
 import torch
 
-from nodes.compare import LTX25DecoderCompare
-from nodes.ltx.decode_stats import DecodeStats
-from nodes.ltx import image_compare
+from nodes.comfy.compare import LTX25DecoderCompare
+from nodes.ltx.decode.stats import DecodeStats
+from nodes.ltx.decode import compare as image_compare
 from nodes.ltx.errors import LTX25Error
-from nodes.ltx.image_compare import psnr_and_ssim_per_frame
+from nodes.ltx.decode.compare import psnr_and_ssim_per_frame
 
 
 def frames(seed: int = 0, n: int = 3, h: int = 32, w: int = 48) -> torch.Tensor:
@@ -78,7 +78,7 @@ def test_report_carries_each_decoders_costs():
 
 def test_viewer_frames_are_written_for_both_sides(tmp_path):
     """The canvas viewer reads A and B frames from the temp folder; same count on both sides."""
-    from nodes import comfy_bridge
+    from nodes.comfy import bridge as comfy_bridge
     comfy_bridge.set_output_dir(str(tmp_path))
     out = LTX25DecoderCompare().compare(frames(n=30), frames(1, n=30), "a", "b", "side_by_side", False)
     viewer = out["ui"]["ltx25_ab"][0]
@@ -96,8 +96,8 @@ def test_the_compare_returns_before_its_preview_frames_are_written(tmp_path, mon
     its final name, below the saves' priority."""
     import os
     import threading
-    from nodes import comfy_bridge
-    from nodes.ltx import background
+    from nodes.comfy import bridge as comfy_bridge
+    from nodes.media import background
     comfy_bridge.set_output_dir(str(tmp_path))
     release, priorities, written = threading.Event(), [], []
     original = image_compare.Image.Image.save
@@ -123,7 +123,7 @@ def test_the_compare_returns_before_its_preview_frames_are_written(tmp_path, mon
 
 def test_short_videos_preview_every_frame_and_long_ones_a_spread():
     """3 frames → all 3; 121 → 24 spread over the whole clip, first and last included."""
-    from nodes.ltx.image_compare import preview_frame_indices
+    from nodes.ltx.decode.compare import preview_frame_indices
     assert preview_frame_indices(3) == [0, 1, 2]
     long = preview_frame_indices(121)
     assert len(long) == 24 and long[0] == 0 and long[-1] == 120
@@ -175,10 +175,10 @@ def test_the_canvas_takes_both_halves_whatever_their_dtypes():
 
 
 def test_equal_labels_are_refused_before_any_preview_is_started(tmp_path, monkeypatch):
-    from nodes import comfy_bridge
+    from nodes.comfy import bridge as comfy_bridge
     comfy_bridge.set_output_dir(str(tmp_path))
     started = []
-    monkeypatch.setattr("nodes.compare.write_preview_frames", lambda *a: started.append(a) or [])
+    monkeypatch.setattr("nodes.comfy.compare.write_preview_frames", lambda *a: started.append(a) or [])
     with pytest.raises(LTX25Error, match="label"):
         LTX25DecoderCompare().compare(frames(), frames(1), "same", "same", "side_by_side", False)
     assert started == []

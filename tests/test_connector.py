@@ -7,15 +7,15 @@ import dataclasses
 import pytest
 import torch
 
-from nodes import comfy_bridge as bridge
-from nodes.conditioning import LTX25Connector
-from nodes.handles import Loaded
-from nodes.ltx import connector as C
-from nodes.ltx import tiny_common
-from nodes.ltx.assets import Kind, inspect_asset
+from nodes.comfy import bridge
+from nodes.comfy.conditioning import LTX25Connector
+from nodes.comfy.handles import Loaded
+from nodes.ltx.dit import connector as C
+from nodes.tools.tiny import common as tiny_common
+from nodes.ltx.files.assets import Kind, inspect_asset
 from nodes.ltx.conditioning import TextFeatures
 from nodes.ltx.errors import LTX25Error
-from nodes.ltx.transformer import SHIPPED_CONFIG, tiny_config_block
+from nodes.ltx.dit.transformer import SHIPPED_CONFIG, tiny_config_block
 
 L = 1024
 VIDEO_W, AUDIO_W = tiny_common.TINY_DIMS["video_inner"], tiny_common.TINY_DIMS["audio_inner"]

@@ -10,15 +10,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from nodes.decode_conv import LTX25ConvVAEDecode
-from nodes.handles import Loaded
-from nodes.ltx import conv_vae as cv
-from nodes.ltx.assets import inspect_asset
-from nodes.ltx.conv_tiling import (CostModel, TilingRequest, axis_tiles, blend_weights, pixel_frames, plan_tiles,
+from nodes.comfy.decode_conv import LTX25ConvVAEDecode
+from nodes.comfy.handles import Loaded
+from nodes.ltx.decode import conv_vae as cv
+from nodes.ltx.files.assets import inspect_asset
+from nodes.ltx.decode.conv_tiling import (CostModel, TilingRequest, axis_tiles, blend_weights, pixel_frames, plan_tiles,
                                    spatial_pixels, temporal_pixels)
 from nodes.ltx.errors import LTX25Error
-from nodes.ltx.keymap import KeyMap, check_coverage
-from nodes.ltx.tiny_common import latent_statistics
+from nodes.ltx.files.keymap import KeyMap, check_coverage
+from nodes.tools.tiny.common import latent_statistics
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +180,10 @@ def test_tiling_is_exact_for_a_pointwise_decoder(pointwise, request_):
     whole, _ = cv.decode_conv(pointwise, z, TilingRequest("off"))
     tiled, stats = cv.decode_conv(pointwise, z, request_)
     assert stats.tile_count > 1
-    assert torch.allclose(tiled, whole, atol=1e-5), float((tiled - whole).abs().max())
+    # 1e-4 of the frames' scale: a tile's shape changes how the decoder's convolutions and norms are vectorised,
+    # which moves float32 results by ~1e-5 on some CPUs (AVX-512); a misplaced or misweighted tile moves them by ~0.1.
+    tolerance = 1e-4 * float(whole.abs().max())
+    assert (tiled - whole).abs().max() <= tolerance, float((tiled - whole).abs().max())
 
 
 def test_a_last_tile_shifted_back_blends_exactly(pointwise):
@@ -193,7 +196,10 @@ def test_a_last_tile_shifted_back_blends_exactly(pointwise):
     assert plan.frames == ((0, 3), (2, 5), (3, 6)) and plan.carried_frames == 1
     whole, _ = cv.decode_conv(pointwise, z, TilingRequest("off"))
     tiled, _ = cv.decode_conv(pointwise, z, request)
-    assert torch.allclose(tiled, whole, atol=1e-5), float((tiled - whole).abs().max())
+    # 1e-4 of the frames' scale: a tile's shape changes how the decoder's convolutions and norms are vectorised,
+    # which moves float32 results by ~1e-5 on some CPUs (AVX-512); a misplaced or misweighted tile moves them by ~0.1.
+    tolerance = 1e-4 * float(whole.abs().max())
+    assert (tiled - whole).abs().max() <= tolerance, float((tiled - whole).abs().max())
 
 
 def test_blend_removes_the_seam_overlap_zero_shows(vae):

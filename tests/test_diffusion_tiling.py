@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from nodes.ltx import diffusion_tiling as dt
+from nodes.ltx.decode import diffusion_tiling as dt
 from nodes.ltx.errors import LTX25Error
 
 # ltx25.md §10.1, as plain numbers
@@ -188,9 +188,8 @@ def test_blend_buffer_estimate_is_one_temporal_group_and_the_carried_overlap():
 def test_fused_stage5_blocks_plan_with_their_smaller_working_set():
     """Processors that run the fused stage-5 block are planned with its measured 8.2–8.3× (8.5), the others
     with diffusers' block's 10.4× (11): a wrong pick over-fills the card or wastes tiles."""
-    from nodes.ltx import diffusion_vae as dv
-    from nodes.ltx import na_attention as na
-
+    from nodes.ltx.decode import diffusion_vae as dv
+    from nodes.ltx.kernels import na_attention as na
     class Fused(na.SdpaNAProcessor):
         fused_block = True
 

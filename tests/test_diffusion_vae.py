@@ -12,10 +12,10 @@ from diffusers.models.autoencoders.ltx2_diffusion_decoder import LTX2VideoDiffus
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from nodes import comfy_bridge
-from nodes.ltx import diffusion_vae as dv
+from nodes.comfy import bridge as comfy_bridge
+from nodes.ltx.decode import diffusion_vae as dv
 from nodes.ltx.errors import LTX25Error
-from nodes.ltx.tiny_common import latent_statistics
+from nodes.tools.tiny.common import latent_statistics
 
 RELEASED_DECODER = {  # ltx25.md §10.1
     "in_channels": 128, "out_channels": 3, "patch_size": 4, "head_dim": 64,
@@ -304,9 +304,9 @@ def test_interrupt_between_tiles_leaves_no_allocation_behind(vae):
 def test_node_decodes_and_refuses_a_conv_vae(tiny_file):
     """The node takes the loader's handle and a LATENT, returns IMAGE [F, H, W, 3] and decode stats; a conv VAE
     on its input is an error that points at the conv decode node."""
-    from nodes.decode_diffusion import LTX25DiffusionVAEDecode
-    from nodes.handles import Loaded
-    from nodes.ltx.assets import inspect_asset
+    from nodes.comfy.decode_diffusion import LTX25DiffusionVAEDecode
+    from nodes.comfy.handles import Loaded
+    from nodes.ltx.files.assets import inspect_asset
 
     path = tiny_file("diffusion_vae")
     handle = Loaded.register(dv.load_diffusion_vae(path, torch.float32), inspect_asset(path))
@@ -352,7 +352,7 @@ def test_the_memory_model_counts_the_blend_frames_the_decode_keeps(vae, monkeypa
     dv.decode(vae, latent, processor="sdpa", tiling_mode="manual", tile_frames=16, tile_pixels=4096)
     schedule = dv.plan(vae, (5, 2, 2), "manual", 16, 4096)
     assert schedule.grid[0] >= 3, schedule.grid  # a middle group has a stub from before and leaves one behind
-    from nodes.ltx import diffusion_tiling as dt
+    from nodes.ltx.decode import diffusion_tiling as dt
     with_blend, without = (dt.MemoryModel(accumulator_bytes=2).estimate(schedule),
                            dt.MemoryModel(accumulator_bytes=0).estimate(schedule))
     _, height, width = schedule.canvas

@@ -1,4 +1,4 @@
-"""Saves encoded by helper processes (nodes.ltx.encoder_process): the same file as an encode in this process, no
+"""Saves encoded by helper processes (nodes.media.encoder_process): the same file as an encode in this process, no
 encoding thread left in this process, helpers reused, and every failure reported by name without a hang or a
 helper left waiting."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from nodes.ltx import encoder_process, mp4_encoder, video_io
-
-
+from nodes.media import encoder_process
+from nodes.media import mp4_encoder
+from nodes.media import video_io
 def _frames(count=20, height=33, width=47, seed=0):
     return torch.rand(count, height, width, 3, generator=torch.Generator().manual_seed(seed))
 

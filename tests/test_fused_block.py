@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nodes.ltx import fused_block
-
+from nodes.ltx.kernels import fused_block
 pytest.importorskip("triton")
 
 
@@ -52,7 +51,7 @@ def test_swiglu_gemm_accumulates_over_k_steps_and_partial_blocks():
 def test_fused_block_forward_equals_diffusers_forward():
     """The whole block (context injection, modulated attention and MLP, ungated residuals) with a batch of two and
     different timesteps per item; its input is left untouched (it is the previous block's output)."""
-    from nodes.ltx import na_attention as na
+    from nodes.ltx.kernels import na_attention as na
     block = _block()
     block.attn.set_processor(na.SdpaNAProcessor())
     hidden, context = torch.randn(2, 5, 6, 7, 32), torch.randn(2, 5, 6, 7, 24)
@@ -72,9 +71,8 @@ def test_decode_uses_fused_blocks_only_with_the_triton_processor(tiny_file, monk
     """The tiny decoder end to end (stage 5 included): `sdpa` runs diffusers' block forward, a processor with
     `fused_block` runs ours on every stage-5 block, and the frames agree. (The triton processor itself needs a GPU
     to be picked; here blocked SDPA stands in for its attention so only the block forward differs.)"""
-    from nodes.ltx import diffusion_vae as dv
-    from nodes.ltx import na_attention as na
-
+    from nodes.ltx.decode import diffusion_vae as dv
+    from nodes.ltx.kernels import na_attention as na
     class FusedSdpa(na.SdpaNAProcessor):
         fused_block = True
 

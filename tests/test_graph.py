@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from nodes import run
-from nodes.graph import GraphError, execution_order, ui_to_api, validate
+from nodes.tools import run
+from nodes.tools.graph import GraphError, execution_order, ui_to_api, validate
 
 
 class MakeNumber:
@@ -107,7 +107,7 @@ def test_set_overrides_parse_json_and_strings():
 def test_an_int_named_seed_gets_the_canvas_control_value_unless_the_node_opts_out():
     """The frontend adds a control widget to any INT named seed; the saved value after it must be skipped, or every
     later widget shifts by one (this once broke the diffusion decode node in the canvas)."""
-    from nodes.graph import has_control_value
+    from nodes.tools.graph import has_control_value
     assert has_control_value("seed", "INT", {}) and has_control_value("noise_seed", "INT", {})
     assert not has_control_value("seed", "INT", {"control_after_generate": False})
     assert not has_control_value("steps", "INT", {}) and has_control_value("x", "INT", {"control_after_generate": True})

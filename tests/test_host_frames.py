@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nodes.ltx.host_frames import DirectCopy, HostFrames, host_copier
+from nodes.ltx.decode.host_frames import DirectCopy, HostFrames, host_copier
 
 
 @pytest.mark.parametrize("inference", [True, False])

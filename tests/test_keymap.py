@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from nodes.ltx.errors import LTX25Error
-from nodes.ltx.keymap import Drop, KeyMap, Rename, Split, load_strict
+from nodes.ltx.files.keymap import Drop, KeyMap, Rename, Split, load_strict
 
 
 class Attn(nn.Module):

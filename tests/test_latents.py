@@ -6,7 +6,7 @@ import torch
 
 from nodes.ltx import latents
 from nodes.ltx.errors import LTX25Error
-from nodes.sampling import LTX25EmptyLatent
+from nodes.comfy.sampling import LTX25EmptyLatent
 
 
 def test_reference_example_shapes():

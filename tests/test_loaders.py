@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from nodes import comfy_bridge
-from nodes.loaders import (LTX25AudioVAELoader, LTX25TextEncoderLoader, LTX25TransformerLoader, LTX25UpsamplerLoader,
+from nodes.comfy import bridge as comfy_bridge
+from nodes.comfy.loaders import (LTX25AudioVAELoader, LTX25TextEncoderLoader, LTX25TransformerLoader, LTX25UpsamplerLoader,
                            LTX25VideoVAELoader)
 from nodes.ltx.errors import LTX25Error
-from nodes.ltx.tiny_common import OFFICIAL_FILES
+from nodes.tools.tiny.common import OFFICIAL_FILES
 
 NAME = {component: name for component, (_folder, name) in OFFICIAL_FILES.items()}
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nodes.ltx import na_attention as na
+from nodes.ltx.kernels import na_attention as na
 from nodes.ltx.errors import LTX25Error
 
 CASES = [  # (q shape [B, T, H, W, heads, D], kernel, spatial query block)
@@ -140,8 +140,7 @@ def test_processors_agree_on_the_tiny_decoder(tiny_file):
     """End to end through diffusers' attention modules (project_qkv, RoPE, pre-scaled q, to_out): the tiny decoder
     decodes the same video with comfy_kitchen as with sdpa; NATTEN (uncompiled flex on the CPU takes ~30 s for the
     stage-5 grid) is compared on the decoder's stages 1-3, which run every det-stage attention module."""
-    from nodes.ltx import diffusion_vae as dv
-
+    from nodes.ltx.decode import diffusion_vae as dv
     vae = dv.load_diffusion_vae(tiny_file("diffusion_vae"), torch.float32)
     latent = torch.randn(1, 128, 3, 3, 3, generator=torch.Generator().manual_seed(0))
     ref, stats = dv.decode(vae, latent, processor="sdpa", tiling_mode="off")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nodes.ltx import na_triton
+from nodes.ltx.kernels import na_triton
 from test_na_attention import _dense_reference, _qkv
 
 SMALL = na_triton.KernelConfig(tile=(1, 4, 4), block_n=16)  # many key blocks per tile, some empty for a row
@@ -54,9 +54,8 @@ def test_triton_processor_inside_the_tiny_decoder(tiny_file, monkeypatch):
     """Through diffusers' attention modules (project_qkv's strides, RoPE, pre-scaled q, to_out): the tiny decoder's
     stages 1-3, which run every deterministic-stage attention module, agree with the `sdpa` processor — with the
     fused norm + RoPE projection on the triton side only."""
-    from nodes.ltx import diffusion_vae as dv
-    from nodes.ltx import na_attention as na
-
+    from nodes.ltx.decode import diffusion_vae as dv
+    from nodes.ltx.kernels import na_attention as na
     vae = dv.load_diffusion_vae(tiny_file("diffusion_vae"), torch.float32)
     latent = torch.randn(1, 128, 3, 3, 3, generator=torch.Generator().manual_seed(0))
     fused_calls = []

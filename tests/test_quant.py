@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nodes.ltx import quant
+from nodes.ltx.files import quant
 from nodes.ltx.errors import LTX25Error
 
 

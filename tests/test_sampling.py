@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nodes import comfy_bridge as bridge
-from nodes.handles import Loaded
-from nodes.ltx import sampling
+from nodes.comfy import bridge
+from nodes.comfy.handles import Loaded
+from nodes.ltx.dit import sampling
 from nodes.ltx.errors import LTX25Error
-from nodes.sampling import LTX25DistilledSampler, LTX25EmptyLatent
+from nodes.comfy.sampling import LTX25DistilledSampler, LTX25EmptyLatent
 
 VIDEO, AUDIO = (1, 128, 2, 2, 3), (1, 8, 9, 16)   # 9 frames at 24 fps
 
@@ -221,9 +221,9 @@ class FakeModel(torch.nn.Module):
 
 @pytest.fixture
 def fake_loaded(monkeypatch):
-    """A Loaded transformer handle with a distilled file name; `nodes.ltx.transformer.denoise` is the fake's."""
+    """A Loaded transformer handle with a distilled file name; `nodes.ltx.dit.transformer.denoise` is the fake's."""
     model = FakeModel()
-    monkeypatch.setitem(sys.modules, "nodes.ltx.transformer", types.SimpleNamespace(denoise=model.denoise))
+    monkeypatch.setitem(sys.modules, "nodes.ltx.dit.transformer", types.SimpleNamespace(denoise=model.denoise))
     info = SimpleNamespace(name="ltx-2.5-22b-distilled-transformer-bf16.safetensors")
     return Loaded(model, bridge.make_patcher(model), info)
 
@@ -287,14 +287,14 @@ def test_sampler_node_requires_frame_rate(fake_loaded):
 
 # ---------------------------------------------------------------------------------------------------- tiny models
 def tiny_handle(tiny_file, component, load):
-    from nodes.ltx.assets import inspect_asset
+    from nodes.ltx.files.assets import inspect_asset
     path = tiny_file(component)
     return Loaded.register(load(path, torch.float32), inspect_asset(path))
 
 
 def tiny_conditioning():
     from nodes.ltx.conditioning import Conditioning
-    from nodes.ltx.tiny_common import TINY_DIMS
+    from nodes.tools.tiny.common import TINY_DIMS
     g = torch.Generator().manual_seed(0)
     return Conditioning(torch.randn(1, 1024, TINY_DIMS["video_inner"], generator=g),
                         torch.randn(1, 1024, TINY_DIMS["audio_inner"], generator=g))
@@ -303,7 +303,7 @@ def tiny_conditioning():
 def test_tiny_transformer_same_seed_identical(tiny_file):
     """With the tiny LTX-2.5 transformer (auto → ancestral stage 1): the same seed gives bit-identical latents,
     another seed different ones, all finite. Skipped only while the transformer module is missing."""
-    transformer = pytest.importorskip("nodes.ltx.transformer")
+    transformer = pytest.importorskip("nodes.ltx.dit.transformer")
     model, cond = tiny_handle(tiny_file, "transformer", transformer.load_transformer), tiny_conditioning()
 
     def run(seed):
@@ -316,23 +316,14 @@ def test_tiny_transformer_same_seed_identical(tiny_file):
     assert not torch.equal(v1["samples"], v3["samples"]) and not torch.equal(a1["samples"], a3["samples"])
 
 
-def _video_vae_loader():
-    """A tiny video VAE that carries latents_mean/latents_std: the conv VAE, else the diffusion VAE."""
-    import importlib
-    import importlib.util
-    for module, loader in (("conv_vae", "load_conv_vae"), ("diffusion_vae", "load_diffusion_vae")):
-        if importlib.util.find_spec(f"nodes.ltx.{module}") is not None:
-            return module, getattr(importlib.import_module(f"nodes.ltx.{module}"), loader)
-    pytest.skip("no video VAE module (nodes.ltx.conv_vae / diffusion_vae) yet")
-
-
 def test_tiny_two_stage_pipeline(tiny_file):
     """Stage 1 → upsample → stage 2 with the tiny transformer, upsampler and a video VAE's statistics: finite
-    latents of the right shapes, frame_rate carried through. Skipped only while a module is missing."""
-    transformer = pytest.importorskip("nodes.ltx.transformer")
-    vae_module, load_vae = _video_vae_loader()
+    latents of the right shapes, frame_rate carried through."""
+    from nodes.ltx.dit import transformer
+    from nodes.ltx.decode.conv_vae import load_conv_vae as load_vae
+    vae_module = "conv_vae"
     from nodes.ltx.upsampler import load_upsampler
-    from nodes.sampling import LTX25LatentUpsample
+    from nodes.comfy.sampling import LTX25LatentUpsample
 
     model = tiny_handle(tiny_file, "transformer", transformer.load_transformer)
     ups, vae = tiny_handle(tiny_file, "upsampler", load_upsampler), tiny_handle(tiny_file, vae_module, load_vae)

@@ -14,10 +14,12 @@ from fractions import Fraction
 import pytest
 import torch
 
-from nodes import comfy_bridge as bridge
-from nodes.ltx import encoder_process, mp4_encoder, video_io
+from nodes.comfy import bridge
+from nodes.media import encoder_process
+from nodes.media import mp4_encoder
+from nodes.media import video_io
 from nodes.ltx.errors import LTX25Error
-from nodes.output import LTX25SaveVideo
+from nodes.comfy.output import LTX25SaveVideo
 
 
 @pytest.fixture
@@ -161,7 +163,7 @@ def test_encodes_run_below_the_graphs_priority_and_leave_the_callers_alone(outpu
     keep their cores; the save's own thread (which only feeds the helper), the helper's reading thread, the event
     loop's thread and its default executor keep the graph's priority."""
     import threading
-    from nodes.ltx import background
+    from nodes.media import background
     encoder_process.close_helpers()  # a fresh helper, started by this save
     caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     seen: dict[str, set] = {"saver": set(), "helper": set()}

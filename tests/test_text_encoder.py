@@ -14,14 +14,16 @@ import torch
 from safetensors import safe_open
 from tokenizers import Tokenizer, processors
 
-from nodes import comfy_bridge as bridge
-from nodes.ltx import assets, keymap, tiny_common
-from nodes.ltx import text_encoder as te
-from nodes.ltx.assets import AssetInfo, Kind
+from nodes.comfy import bridge
+from nodes.ltx.files import assets
+from nodes.ltx.files import keymap
+from nodes.tools.tiny import common as tiny_common
+from nodes.ltx.text import encoder as te
+from nodes.ltx.files.assets import AssetInfo, Kind
 from nodes.ltx.errors import LTX25Error
-from nodes.ltx.gemma_tokenizer import GemmaTokenizer
-from nodes.ltx.text_projection import TextProjection, normalize_and_flatten, stream_scale
-from nodes.text import LTX25EncodePrompt, split_prompts
+from nodes.ltx.text.tokenizer import GemmaTokenizer
+from nodes.ltx.text.projection import TextProjection, normalize_and_flatten, stream_scale
+from nodes.comfy.text import LTX25EncodePrompt, split_prompts
 
 TOWERS = 11  # vision_model.* (9) + multi_modal_projector (1) + audio_projector (1), as in the real file
 
@@ -221,7 +223,7 @@ def test_over_long_prompt_keeps_its_start_and_warns_with_the_dropped_count(spec,
     """1024 tokens with BOS at most: the end of a long prompt is cut and the warning says how many tokens."""
     words = "fox " * 1500
     full = spec.tokenizer.tokenizer.encode(words.strip()).ids
-    with caplog.at_level(logging.WARNING, logger="nodes.ltx.gemma_tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="nodes.ltx.text.tokenizer"):
         batch = spec.tokenizer.encode([words])
     expected = len(full) + 1 - 1024
     assert batch.dropped == (expected,) and batch.mask.all()

@@ -12,13 +12,13 @@ from diffusers import LTX2VideoTransformer3DModel
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from nodes.ltx import positions as P
-from nodes.ltx import quant
-from nodes.ltx import transformer as T
-from nodes.ltx.assets import inspect_asset, read_state_dict
+from nodes.ltx.dit import positions as P
+from nodes.ltx.files import quant
+from nodes.ltx.dit import transformer as T
+from nodes.ltx.files.assets import inspect_asset, read_state_dict
 from nodes.ltx.conditioning import Conditioning
 from nodes.ltx.errors import LTX25Error
-from nodes.ltx.keymap import KeyMap, load_strict
+from nodes.ltx.files.keymap import KeyMap, load_strict
 
 VIDEO, AUDIO = (1, 128, 3, 2, 2), (1, 8, 5, 16)   # 17 frames: 3 latent frames of 2×2 cells; 5 audio frames
 

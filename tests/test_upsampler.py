@@ -10,11 +10,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from nodes.handles import Loaded
+from nodes.comfy.handles import Loaded
 from nodes.ltx import upsampler as ups
 from nodes.ltx.errors import LTX25Error
-from nodes.ltx.tiny_common import latent_statistics
-from nodes.sampling import LTX25LatentUpsample
+from nodes.tools.tiny.common import latent_statistics
+from nodes.comfy.sampling import LTX25LatentUpsample
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,7 @@ def ab_run(browser_tools, tmp_path_factory) -> dict:
     """Start ComfyUI with the pack and the tiny set, run the A/B template from the page; the driver's findings."""
     folder, name = ab_template()
     work = str(tmp_path_factory.mktemp("web_browser"))
-    from nodes.ltx.tiny import write_tiny_set
+    from nodes.tools.tiny import write_tiny_set
     write_tiny_set(harness.make_models_dir(work))
     server = harness.start_server(work)
     try:

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 import torch
 
-from nodes.ltx.decode_stats import DecodeStats
-from nodes.ltx.image_compare import compare_report
+from nodes.ltx.decode.stats import DecodeStats
+from nodes.ltx.decode.compare import compare_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WEB = os.path.join(ROOT, "web")

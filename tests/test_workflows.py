@@ -9,8 +9,10 @@ import os
 import av
 import pytest
 
-from nodes import NODE_CLASS_MAPPINGS, comfy_bridge, run, workflow_specs
-from nodes.graph import ui_to_api, validate
+from nodes.comfy import bridge as comfy_bridge
+from nodes.registry import NODE_CLASS_MAPPINGS
+from nodes.tools import run, workflow_specs
+from nodes.tools.graph import ui_to_api, validate
 
 ROOT = workflow_specs.ROOT
 NAMES = sorted(workflow_specs.WORKFLOWS)
@@ -25,7 +27,7 @@ def load(*parts: str) -> dict:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_committed_files_match_their_specs(name):
-    """`python -m nodes.workflow_specs` must have been run after changing a spec or a node's inputs."""
+    """`python -m nodes.tools.workflow_specs` must have been run after changing a spec or a node's inputs."""
     spec = workflow_specs.WORKFLOWS[name]
     api = workflow_specs.to_api(spec["nodes"])
     assert load("api", f"{name}.json") == api

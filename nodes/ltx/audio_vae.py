@@ -20,10 +20,10 @@ from diffusers.models.autoencoders.autoencoder_kl_ltx2_audio import (LATENT_DOWN
                                                                       LTX2AudioEncoder)
 from diffusers.pipelines.ltx2.vocoder import LTX2VocoderWithBWE, UpSample1d
 
-from . import tiny_common
-from .assets import Kind, expect_kind, read_state_dict
+from ..tools.tiny import common as tiny_common
+from .files.assets import Kind, expect_kind, read_state_dict
 from .errors import LTX25Error
-from .keymap import Drop, KeyMap, Rename, load_strict
+from .files.keymap import Drop, KeyMap, Rename, load_strict
 
 log = logging.getLogger("ltx25")
 LATENT_CHANNELS, LATENT_BINS = 8, 16

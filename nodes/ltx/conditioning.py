@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .assets import AssetInfo
+from .files.assets import AssetInfo
 
 
 @dataclass(frozen=True)

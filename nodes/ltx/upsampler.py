@@ -13,10 +13,10 @@ import torch
 from diffusers.pipelines.ltx2.latent_upsampler import (RATIONAL_RESAMPLER_SCALE_MAPPING, BlurDownsample,
                                                        LTX2LatentUpsamplerModel)
 
-from . import tiny_common
-from .assets import Kind, expect_kind, read_state_dict
+from ..tools.tiny import common as tiny_common
+from .files.assets import Kind, expect_kind, read_state_dict
 from .errors import LTX25Error
-from .keymap import KeyMap, load_strict
+from .files.keymap import KeyMap, load_strict
 from .latents import VIDEO_CHANNELS, denormalize_video, normalize_video
 
 # The native names are diffusers' names; the map is empty but `load_strict` still checks full coverage.

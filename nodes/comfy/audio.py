@@ -1,0 +1,34 @@
+"""The audio decode node: LTX-2.5 audio latent → stereo 48 kHz waveform."""
+from __future__ import annotations
+
+from . import bridge
+
+NODE = "LTX25AudioDecode"
+
+
+class LTX25AudioDecode:
+    DESCRIPTION = "Decodes an LTX-2.5 audio latent to a 48 kHz stereo waveform (audio VAE + vocoder with BWE)."
+    CATEGORY = "LTX-2.5/decode"
+    RETURN_TYPES = ("AUDIO",)
+    OUTPUT_TOOLTIPS = ("Waveform [B, 2, S] at 48 kHz; S = 480·(4T−3) for T latent frames.",)
+    FUNCTION = "decode"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "audio_vae": ("LTX25_AUDIO_VAE", {"tooltip": "The audio VAE + vocoder (ltx-2.5-audio-vae-bf16)."}),
+            "audio_latent": ("LATENT", {"tooltip": "Audio latent [B, 8, T, 16] from the sampler."})}}
+
+    def decode(self, audio_vae, audio_latent):
+        from ..ltx.audio_vae import check_audio_latent, decode_audio
+        latent = audio_latent if isinstance(audio_latent, dict) else {"samples": audio_latent}
+        samples = check_audio_latent(latent.get("samples"), f"{NODE}.audio_latent")
+        vae = audio_vae.ready(audio_vae.module.memory_bytes(tuple(samples.shape)))
+        # The LATENT carries the clip's frame rate; with it the decode checks that the audio spans the video.
+        audio = decode_audio(vae, samples, fps=latent.get("frame_rate"), where=NODE)
+        audio["waveform"] = audio["waveform"].to(bridge.intermediate_device())
+        return (audio,)
+
+
+NODE_CLASS_MAPPINGS = {NODE: LTX25AudioDecode}
+NODE_DISPLAY_NAME_MAPPINGS = {NODE: "LTX-2.5 Audio Decode"}

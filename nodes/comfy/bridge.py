@@ -1,0 +1,276 @@
+"""The only module that touches ComfyUI. Every import of it is guarded: without ComfyUI (CI, scripts, the
+headless runner) the same functions fall back to a small standalone device manager, a stderr progress bar and a
+models directory (`LTX25_MODELS_DIR`, or the runner's `--models`).
+
+Node code calls only this module for devices, model loading, progress, interrupts, files and output folders.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+from typing import Callable
+
+import torch
+
+from ..ltx.device_memory import free_bytes
+
+try:  # ComfyUI present: the real thing.
+    import comfy.model_management as _mm
+    import comfy.model_patcher as _patcher
+    import comfy.utils as _comfy_utils
+    import folder_paths as _folder_paths
+
+    HAS_COMFY = True
+except ImportError:
+    _mm = _patcher = _comfy_utils = _folder_paths = None
+    HAS_COMFY = False
+
+MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "latent_upscale_models")
+
+
+# ---------------------------------------------------------------------------------------------------- interrupts
+if HAS_COMFY:
+    InterruptError = _mm.InterruptProcessingException
+else:
+    class InterruptError(Exception):
+        """Standalone twin of ComfyUI's InterruptProcessingException."""
+
+_interrupt_requested = False
+
+
+def request_interrupt() -> None:
+    """Ask the running loop to stop at its next step (ComfyUI: POST /interrupt does this)."""
+    global _interrupt_requested
+    if HAS_COMFY:
+        _mm.interrupt_current_processing(True)
+    else:
+        _interrupt_requested = True
+
+
+def check_interrupt() -> None:
+    global _interrupt_requested
+    if HAS_COMFY:
+        _mm.throw_exception_if_processing_interrupted()
+    elif _interrupt_requested:
+        _interrupt_requested = False
+        raise InterruptError("Processing interrupted")
+
+
+# ---------------------------------------------------------------------------------------------------- progress
+class _StderrProgress:
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.label, self.value = total, label, 0
+
+    def update_absolute(self, value: int, total: int | None = None) -> None:
+        self.value, self.total = value, total or self.total
+        if os.environ.get("LTX25_QUIET") != "1":
+            print(f"\r[{self.label}] {self.value}/{self.total}", end="\n" if value >= self.total else "",
+                  file=sys.stderr, flush=True)
+
+
+def step_callback(total: int, label: str = "ltx25") -> Callable[[int, int], None]:
+    """A callback for engine loops: checks for interrupt, then reports `done/total` progress."""
+    bar = _comfy_utils.ProgressBar(total) if HAS_COMFY else _StderrProgress(total, label)
+
+    def on_step(done: int, total_now: int) -> None:
+        check_interrupt()
+        bar.update_absolute(done, total_now)
+
+    return on_step
+
+
+# ---------------------------------------------------------------------------------------------------- devices
+def compute_device() -> torch.device:
+    if HAS_COMFY:
+        return _mm.get_torch_device()
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def offload_device() -> torch.device:
+    return _mm.unet_offload_device() if HAS_COMFY else torch.device("cpu")
+
+
+def intermediate_device() -> torch.device:
+    """Where latents, images and audio live between nodes (the CPU unless ComfyUI says otherwise)."""
+    return _mm.intermediate_device() if HAS_COMFY else torch.device("cpu")
+
+
+def free_device_memory(device: torch.device | None = None) -> int:
+    device = device or compute_device()
+    if HAS_COMFY:
+        return int(_mm.get_free_memory(device))
+    return free_bytes(device)
+
+
+def empty_cache() -> None:
+    if HAS_COMFY:
+        _mm.soft_empty_cache()
+    elif torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------------- model management
+def module_bytes(module: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+
+
+class StandalonePatcher:
+    """The few parts of ComfyUI's ModelPatcher the pack uses, for running without ComfyUI."""
+
+    def __init__(self, model: torch.nn.Module, load_device: torch.device, offload_device: torch.device,
+                 on_unload: Callable[[torch.nn.Module], None] | None = None) -> None:
+        self.model, self.load_device, self.offload_device = model, load_device, offload_device
+        self.size, self.on_unload = module_bytes(model), on_unload
+
+    def model_size(self) -> int:
+        return self.size
+
+    def is_loaded(self) -> bool:
+        return self.load_device.type == "cpu" or any(p.device.type == self.load_device.type
+                                                      for p in self.model.parameters())
+
+    def unload(self) -> None:
+        if self.load_device != self.offload_device:
+            self.model.to(self.offload_device)
+        if self.on_unload is not None:
+            self.on_unload(self.model)
+
+
+# Weak references, like ComfyUI's LoadedModel: a model whose last user dropped it must not be kept alive here.
+_standalone_loaded: list[weakref.ref] = []
+
+
+def _standalone_live() -> list[StandalonePatcher]:
+    _standalone_loaded[:] = [ref for ref in _standalone_loaded if ref() is not None]
+    return [ref() for ref in _standalone_loaded]
+
+
+def make_patcher(module: torch.nn.Module, on_unload: Callable[[torch.nn.Module], None] | None = None):
+    """Register a heavy module with model management (a ModelPatcher in ComfyUI); weights stay offloaded
+    until `load_models` asks for them. `on_unload(module)` runs when model management moves it off the device
+    (to free working memory that lives beside the weights, such as CUDA graphs)."""
+    if HAS_COMFY:
+        engine_module = module
+        if isinstance(getattr(type(module), "device", None), property):
+            # ModelPatcher assigns `model.device`; diffusers models make it a read-only property. Hold the module
+            # in a plain container so the assignment lands there (Loaded.module stays the model itself).
+            holder = torch.nn.Module()
+            holder.inner = module
+            module = holder
+        patcher = _patcher.ModelPatcher(module, load_device=compute_device(), offload_device=offload_device(),
+                                        size=module_bytes(module))
+        if on_unload is not None:
+            from comfy.patcher_extension import CallbacksMP
+            patcher.add_callback(CallbacksMP.ON_DETACH, lambda _patcher, _unpatch_all: on_unload(engine_module))
+        return patcher
+    return StandalonePatcher(module, compute_device(), offload_device(), on_unload)
+
+
+def load_models(patchers: list, memory_required: int = 0) -> None:
+    """Put `patchers` on the compute device, evicting others when `memory_required` plus their size won't fit."""
+    if HAS_COMFY:
+        _mm.load_models_gpu(patchers, memory_required=memory_required, force_full_load=True)
+        return
+    needed = memory_required + sum(p.model_size() for p in patchers if not p.is_loaded())
+    for other in _standalone_live():
+        if other in patchers or free_device_memory() >= needed:
+            continue
+        other.unload()
+        _standalone_loaded.remove(next(ref for ref in _standalone_loaded if ref() is other))
+    empty_cache()
+    live = _standalone_live()
+    for p in patchers:
+        if not p.is_loaded():
+            p.model.to(p.load_device)
+        if p not in live:
+            _standalone_loaded.append(weakref.ref(p))
+
+
+def unload_model(patcher) -> None:
+    """Move one model back to its offload device and forget it (used to free an encoder after use)."""
+    if HAS_COMFY:
+        for loaded in list(_mm.current_loaded_models):
+            if loaded.model is patcher:
+                loaded.model_unload()
+                _mm.current_loaded_models.remove(loaded)
+        _mm.cleanup_models_gc()
+    else:
+        patcher.unload()
+        _standalone_loaded[:] = [ref for ref in _standalone_loaded if ref() not in (None, patcher)]
+    empty_cache()
+
+
+def loaded_model_count() -> int:
+    return len(_mm.current_loaded_models) if HAS_COMFY else len(_standalone_live())
+
+
+# ---------------------------------------------------------------------------------------------------- files
+_models_dir_override: str | None = None
+
+
+def set_models_dir(path: str) -> None:
+    """The headless runner's `--models`: a ComfyUI-style models folder."""
+    global _models_dir_override
+    _models_dir_override = os.path.abspath(path)
+    if HAS_COMFY:
+        for folder in MODEL_FOLDERS:
+            _folder_paths.add_model_folder_path(folder, os.path.join(_models_dir_override, folder), is_default=True)
+
+
+def _standalone_models_dir() -> str:
+    return _models_dir_override or os.environ.get("LTX25_MODELS_DIR") or os.path.join(os.getcwd(), "models")
+
+
+if HAS_COMFY and "latent_upscale_models" not in _folder_paths.folder_names_and_paths:
+    # ComfyUI before LTX-2 support lacks this folder; register it beside the others.
+    _folder_paths.add_model_folder_path("latent_upscale_models",
+                                        os.path.join(_folder_paths.models_dir, "latent_upscale_models"))
+
+
+def list_model_files(folder: str) -> list[str]:
+    """Files a loader widget offers (ComfyUI's folder list, or the standalone models directory)."""
+    if HAS_COMFY:
+        return [f for f in _folder_paths.get_filename_list(folder) if f.endswith((".safetensors", ".sft"))]
+    root = os.path.join(_standalone_models_dir(), folder)
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for dirpath, _dirs, files in os.walk(root):
+        found += [os.path.relpath(os.path.join(dirpath, f), root) for f in files if f.endswith((".safetensors", ".sft"))]
+    return sorted(found)
+
+
+def model_file_path(folder: str, name: str) -> str:
+    if HAS_COMFY:
+        path = _folder_paths.get_full_path(folder, name)
+    else:
+        path = os.path.join(_standalone_models_dir(), folder, name)
+        path = path if os.path.isfile(path) else None
+    if path is None:
+        from ..ltx.errors import LTX25Error
+        raise LTX25Error(f"{folder}/{name}", "the model file", "not found",
+                         f"a file in the {folder!r} models folder", "Put the official file there (see README).")
+    return path
+
+
+_output_dir_override: str | None = None
+
+
+def set_output_dir(path: str) -> None:
+    global _output_dir_override
+    _output_dir_override = os.path.abspath(path)
+    if HAS_COMFY:
+        _folder_paths.set_output_directory(_output_dir_override)
+
+
+def output_dir() -> str:
+    if HAS_COMFY and _output_dir_override is None:
+        return _folder_paths.get_output_directory()
+    return _output_dir_override or os.path.join(os.getcwd(), "output")
+
+
+def temp_dir() -> str:
+    if HAS_COMFY:
+        return _folder_paths.get_temp_directory()
+    return os.path.join(output_dir(), "temp")

@@ -1,0 +1,138 @@
+"""Loader nodes: one per official split file. Each inspects the file (kind, version), builds the engine module
+strictly and registers it with model management; weights reach the GPU only when a node needs them."""
+from __future__ import annotations
+
+import torch
+
+from . import bridge
+from .handles import Loaded
+from ..ltx.files.assets import Kind, expect_kind
+
+CATEGORY = "LTX-2.5/loaders"
+WEIGHT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _file_input(folder: str, tooltip: str) -> tuple:
+    return (bridge.list_model_files(folder), {"tooltip": f"{tooltip} (from models/{folder}/)"})
+
+
+def _dtype_input() -> tuple:
+    return (list(WEIGHT_DTYPES), {"default": "bf16", "tooltip": "Weight dtype; FP8/NVFP4 files are dequantized to it."})
+
+
+class LTX25TransformerLoader:
+    DESCRIPTION = "Loads the LTX-2.5 transformer (DiT and both embeddings connectors) from its split file."
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("LTX25_MODEL",)
+    OUTPUT_TOOLTIPS = ("The 22B audio+video transformer with its connectors.",)
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "transformer_file": _file_input("diffusion_models", "ltx-2.5-22b-distilled-transformer-bf16.safetensors"),
+            "weight_dtype": _dtype_input()}}
+
+    def load(self, transformer_file: str, weight_dtype: str):
+        from ..ltx.dit.accelerated_denoise import release
+        from ..ltx.dit.transformer import load_transformer
+        info = expect_kind(bridge.model_file_path("diffusion_models", transformer_file), Kind.TRANSFORMER)
+        # The sampler's CUDA graphs hold a forward's activations: free them whenever the weights are offloaded.
+        return (Loaded.register(load_transformer(info.path, WEIGHT_DTYPES[weight_dtype]), info, on_unload=release),)
+
+
+class LTX25TextEncoderLoader:
+    DESCRIPTION = ("Points at the Gemma-4 text encoder file. The 12B encoder is loaded by Encode Prompt only when "
+                   "a prompt is not cached, and freed after use.")
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("LTX25_TEXT_ENCODER",)
+    OUTPUT_TOOLTIPS = ("The text encoder file, checked, with its tokenizer.",)
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "text_encoder_file": _file_input("text_encoders", "gemma4-12b-with-proj-ltx-2.5-bf16.safetensors"),
+            "weight_dtype": _dtype_input()}}
+
+    def load(self, text_encoder_file: str, weight_dtype: str):
+        from ..ltx.text.encoder import TextEncoderSpec
+        info = expect_kind(bridge.model_file_path("text_encoders", text_encoder_file), Kind.TEXT_ENCODER)
+        return (TextEncoderSpec.from_file(info.path, WEIGHT_DTYPES[weight_dtype]),)
+
+
+class LTX25VideoVAELoader:
+    DESCRIPTION = "Loads a video VAE decoder; the kind (conv or diffusion) is read from the file."
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("LTX25_VIDEO_VAE", "STRING")
+    RETURN_NAMES = ("video_vae", "kind")
+    OUTPUT_TOOLTIPS = ("The video decoder and its latent statistics.", "'conv' or 'diffusion'.")
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "vae_file": _file_input("vae", "ltx-2.5-video-vae-bf16 (diffusion) or ltx-2.5-video-vae-conv-bf16 (conv)"),
+            "weight_dtype": _dtype_input()}}
+
+    def load(self, vae_file: str, weight_dtype: str):
+        path = bridge.model_file_path("vae", vae_file)
+        from ..ltx.files.assets import inspect_asset
+        kind = inspect_asset(path).kind
+        if kind is Kind.DIFFUSION_VAE:
+            from ..ltx.decode.diffusion_vae import load_diffusion_vae as load
+        else:
+            from ..ltx.decode.conv_vae import load_conv_vae as load
+            kind = Kind.CONV_VAE  # expect_kind below names the file and its real kind if it is neither
+        info = expect_kind(path, kind)
+        label = "diffusion" if kind is Kind.DIFFUSION_VAE else "conv"
+        return (Loaded.register(load(info.path, WEIGHT_DTYPES[weight_dtype]), info), label)
+
+
+class LTX25AudioVAELoader:
+    DESCRIPTION = "Loads the LTX-2.5 audio VAE decoder and its vocoder (bandwidth extension to 48 kHz)."
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("LTX25_AUDIO_VAE",)
+    OUTPUT_TOOLTIPS = ("Audio decoder + vocoder (the vocoder always runs in float32).",)
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"audio_vae_file": _file_input("vae", "ltx-2.5-audio-vae-bf16.safetensors"),
+                             "weight_dtype": _dtype_input()}}
+
+    def load(self, audio_vae_file: str, weight_dtype: str):
+        from ..ltx.audio_vae import load_audio_vae
+        info = expect_kind(bridge.model_file_path("vae", audio_vae_file), Kind.AUDIO_VAE)
+        return (Loaded.register(load_audio_vae(info.path, WEIGHT_DTYPES[weight_dtype]), info),)
+
+
+class LTX25UpsamplerLoader:
+    DESCRIPTION = "Loads the LTX-2.5 latent spatial upscaler (x2)."
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("LTX25_UPSAMPLER",)
+    OUTPUT_TOOLTIPS = ("The latent upsampler.",)
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "upsampler_file": _file_input("latent_upscale_models",
+                                          "ltx-2.5-latent-spatial-upscaler-x2-bf16-1.0.safetensors"),
+            "weight_dtype": _dtype_input()}}
+
+    def load(self, upsampler_file: str, weight_dtype: str):
+        from ..ltx.upsampler import load_upsampler
+        info = expect_kind(bridge.model_file_path("latent_upscale_models", upsampler_file), Kind.UPSAMPLER)
+        return (Loaded.register(load_upsampler(info.path, WEIGHT_DTYPES[weight_dtype]), info),)
+
+
+NODE_CLASS_MAPPINGS = {c.__name__: c for c in (LTX25TransformerLoader, LTX25TextEncoderLoader, LTX25VideoVAELoader,
+                                                LTX25AudioVAELoader, LTX25UpsamplerLoader)}
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "LTX25TransformerLoader": "LTX-2.5 Load Transformer",
+    "LTX25TextEncoderLoader": "LTX-2.5 Load Text Encoder",
+    "LTX25VideoVAELoader": "LTX-2.5 Load Video VAE",
+    "LTX25AudioVAELoader": "LTX-2.5 Load Audio VAE",
+    "LTX25UpsamplerLoader": "LTX-2.5 Load Latent Upsampler",
+}

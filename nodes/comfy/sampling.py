@@ -1,0 +1,136 @@
+"""Sampling-stage nodes: empty audio+video latents, the distilled sampler (stage 1 / stage 2) and the x2 latent
+upsampler between the stages."""
+from __future__ import annotations
+
+from . import bridge
+from ..ltx import latents
+from ..ltx.dit import sampling
+from ..ltx import upsampler as ltx_upsampler
+from ..ltx.dit.accelerated_denoise import ACCELERATIONS
+
+CATEGORY = "LTX-2.5/sampling"
+MAX_SEED = 0xFFFFFFFFFFFFFFFF
+LATENT_PAIR_TOOLTIPS = ("Video latent [B,128,F',H/32,W/32] (normalized), with its frame_rate.",
+                        "Audio latent [B,8,T,16], with its frame_rate.")
+ACCELERATION_TOOLTIP = (
+    "auto: cuda_graph on a CUDA GPU, eager elsewhere. H200, 22B bf16, s/step stage 1 / 2 (8+3 sampling): "
+    "eager 0.36 / 0.49 (3.5 s); cuda_graph 0.135 / 0.478 (2.5 s), bit-identical to eager, one capture per shape; "
+    "compile_cuda_graph (torch.compile + graph + cuDNN attention) 0.094 / 0.353 (1.85 s), ~30 s to compile on "
+    "first use, differs from eager by bf16 rounding. Graph modes need CUDA.")
+
+
+class LTX25EmptyLatent:
+    DESCRIPTION = ("Zero video and audio latents for a clip; with two_stage on, width/height are the final size and "
+                   "the video latent is the half-size stage-1 latent.")
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("LATENT", "LATENT")
+    RETURN_NAMES = ("video_latent", "audio_latent")
+    OUTPUT_TOOLTIPS = LATENT_PAIR_TOOLTIPS
+    FUNCTION = "make"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "width": ("INT", {"default": 768, "min": 32, "max": 8192, "step": 32,
+                              "tooltip": "Final video width in pixels: a multiple of 64 with two_stage, else of 32."}),
+            "height": ("INT", {"default": 512, "min": 32, "max": 8192, "step": 32,
+                               "tooltip": "Final video height in pixels: a multiple of 64 with two_stage, else of 32."}),
+            "frames": ("INT", {"default": 121, "min": 1, "max": 1025, "step": 8,
+                               "tooltip": "Number of video frames: 8k+1 (9, 17, …, 121)."}),
+            "fps": ("FLOAT", {"default": 24.0, "min": 1.0, "max": 120.0, "step": 1.0,
+                              "tooltip": "Frame rate; sets the audio length and the model's time positions."}),
+            "batch": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip": "Clips per batch."}),
+            "two_stage": ("BOOLEAN", {"default": True, "tooltip": "On: stage 1 at half size, then Latent Upsample "
+                                      "and stage 2 at width×height. Off: one stage at width×height."}),
+        }}
+
+    def make(self, width: int, height: int, frames: int, fps: float, batch: int, two_stage: bool):
+        import torch
+        video_shape, audio_shape = latents.empty_latent_shapes(width, height, frames, fps, batch, two_stage)
+        device = bridge.intermediate_device()
+        return ({"samples": torch.zeros(video_shape, device=device), "frame_rate": fps},
+                {"samples": torch.zeros(audio_shape, device=device), "type": "audio", "frame_rate": fps})
+
+
+class LTX25DistilledSampler:
+    DESCRIPTION = "Samples audio+video latents with the distilled LTX-2.5 schedule (stage 1, or stage 2 after upsampling)."
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("LATENT", "LATENT")
+    RETURN_NAMES = ("video_latent", "audio_latent")
+    OUTPUT_TOOLTIPS = LATENT_PAIR_TOOLTIPS
+    FUNCTION = "sample"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "model": ("LTX25_MODEL", {"tooltip": "The LTX-2.5 transformer (distilled checkpoint)."}),
+            "conditioning": ("LTX25_CONDITIONING", {"tooltip": "Prompt conditioning from LTX-2.5 Connector."}),
+            "video_latent": ("LATENT", {"tooltip": "Stage 1: from Empty Latent. Stage 2: from Latent Upsample."}),
+            "audio_latent": ("LATENT", {"tooltip": "Stage 1: from Empty Latent. Stage 2: stage 1's audio output."}),
+            "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED, "control_after_generate": True,
+                             "tooltip": "Noise seed (CPU generator: the same result on every device)."}),
+            "stage": (["1", "2"], {"default": "1", "tooltip": "1: 8 steps from noise. 2: re-noise to 0.909375, "
+                                   "3 Euler steps (after Latent Upsample)."}),
+            "sampler": (list(sampling.SAMPLERS), {"default": "auto", "tooltip": "auto: Euler-ancestral for stage 1 "
+                        "of LTX-2.5, Euler otherwise."}),
+            "cfg": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 30.0, "step": 0.1,
+                              "tooltip": "Must stay 1.0: distilled models take no CFG."}),
+            "acceleration": (list(ACCELERATIONS), {"default": "auto", "tooltip": ACCELERATION_TOOLTIP}),
+        }, "optional": {
+            "sigmas": ("STRING", {"default": "", "tooltip": "Custom schedule, e.g. '1.0, 0.9, 0.5, 0.0' (decreasing, "
+                                  "≤ 1, ending at 0). Blank: the distilled schedule of the stage."}),
+        }}
+
+    def sample(self, model, conditioning, video_latent, audio_latent, seed, stage, sampler, cfg, sigmas="",
+               acceleration="auto"):
+        sampling.check_cfg(cfg, model.info.name, "LTX25DistilledSampler.cfg")
+        fps = latents.frame_rate(video_latent, "LTX25DistilledSampler.video_latent")
+        video, audio = video_latent["samples"], audio_latent["samples"]
+        latents.check_latent_pair(video, audio, fps, "LTX25DistilledSampler")
+        schedule = sampling.parse_sigmas(sigmas or "", "LTX25DistilledSampler.sigmas") or \
+            sampling.default_sigmas(int(stage))
+        module = model.ready(sampling.activation_memory_bytes(model.module, video.shape, audio.shape))
+        try:
+            video, audio = sampling.sample_distilled(
+                module, conditioning, video, audio, fps=fps, seed=seed, stage=int(stage), sampler=sampler,
+                sigmas=schedule, on_step=bridge.step_callback(len(schedule) - 1, f"LTX-2.5 stage {stage}"),
+                output_device=bridge.intermediate_device(), acceleration=acceleration)
+        finally:
+            bridge.empty_cache()  # the step activations; also on interrupt, so nothing is left half-used
+        return ({**video_latent, "samples": video}, {**audio_latent, "samples": audio, "type": "audio"})
+
+
+class LTX25LatentUpsample:
+    DESCRIPTION = "Doubles the video latent's width and height with the LTX-2.5 latent upsampler, between the stages."
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("LATENT",)
+    RETURN_NAMES = ("video_latent",)
+    OUTPUT_TOOLTIPS = ("Video latent [B,128,F',2H',2W'] (normalized), frame_rate kept.",)
+    FUNCTION = "upsample"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "upsampler": ("LTX25_UPSAMPLER", {"tooltip": "The x2 spatial latent upscaler."}),
+            "video_vae": ("LTX25_VIDEO_VAE", {"tooltip": "Either video VAE: only its per-channel latent statistics "
+                                              "are used (the upsampler works on un-normalized latents)."}),
+            "video_latent": ("LATENT", {"tooltip": "The stage-1 video latent."}),
+        }}
+
+    def upsample(self, upsampler, video_vae, video_latent):
+        latent = video_latent["samples"]
+        mean, std = ltx_upsampler.latent_statistics(video_vae.module, "LTX25LatentUpsample.video_vae")
+        module = upsampler.ready(ltx_upsampler.upsample_memory_bytes(upsampler.module, latent.shape))
+        try:
+            out = ltx_upsampler.upsample_latent(module, latent, mean, std, output_device=bridge.intermediate_device())
+        finally:
+            bridge.empty_cache()
+        return ({**video_latent, "samples": out},)
+
+
+NODE_CLASS_MAPPINGS = {c.__name__: c for c in (LTX25EmptyLatent, LTX25DistilledSampler, LTX25LatentUpsample)}
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "LTX25EmptyLatent": "LTX-2.5 Empty Latent",
+    "LTX25DistilledSampler": "LTX-2.5 Distilled Sampler",
+    "LTX25LatentUpsample": "LTX-2.5 Latent Upsample",
+}

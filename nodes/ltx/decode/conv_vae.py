@@ -1,0 +1,402 @@
+"""The LTX-2.5 conv video VAE decoder (ltx25.md §9, §12): diffusers' `LTX2VideoDecoder3d`, configured from the file's
+flat `config.vae` (`_class_name: CausalVideoAutoencoder`), loaded strictly, with the file's per-channel statistics.
+
+Decode-only: the pack never encodes video, so the container holds the decoder and the statistics; the file's
+`encoder.*` tensors are on the drop list. `decode_conv` runs the tiles `conv_tiling.plan_tiles` lays out.
+
+Native → diffusers. The native decoder is one flat list of nine blocks, run in reverse: res_x(2), compress_all(×2),
+res_x(2), compress_all(×1), res_x(4), compress_time(×2), res_x(6), compress_space(×2), res_x(4) (the 2.3/2.5 list).
+diffusers groups it as `mid_block` + four `up_blocks`, each an upsampler followed by its resnets, so
+`up_blocks.0 → mid_block`, `1 → up_blocks.0.upsamplers.0`, `2 → up_blocks.0.resnets`, …, `8 → up_blocks.3.resnets`.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+from diffusers.models.autoencoders.autoencoder_kl_ltx2 import LTX2VideoDecoder3d, LTX2VideoEncoder3d
+
+from ...tools.tiny import common as tiny_common
+from ..files.assets import Kind, expect_kind, read_state_dict
+from .conv_tiling import (CostModel, TilePlan, TilingRequest, plan_tiles, spatial_pixels, temporal_pixels,
+                          tile_batch)
+from .stats import DecodeStats
+from ..errors import LTX25Error
+from ..files.keymap import Drop, KeyMap, Rename, load_strict
+from ..latents import check_video_latent, denormalize_video
+from ..device_memory import free_bytes, start_meter
+from .host_frames import HostFrames, host_copier
+
+LATENT_CHANNELS = 128
+UPSAMPLER_KINDS = {"compress_all": "spatiotemporal", "compress_time": "temporal", "compress_space": "spatial"}
+DOWNSAMPLER_KINDS = {"compress_all_res": "spatiotemporal", "compress_time_res": "temporal",
+                     "compress_space_res": "spatial"}
+_STRIDES = {"spatiotemporal": (2, 2, 2), "temporal": (2, 1, 1), "spatial": (1, 2, 2)}
+# Native decoder block index → diffusers module, for the nine-block 2.3/2.5 layout (checked by the config).
+_DECODER_MODULES = ("mid_block", "up_blocks.0.upsamplers.0", "up_blocks.0", "up_blocks.1.upsamplers.0", "up_blocks.1",
+                    "up_blocks.2.upsamplers.0", "up_blocks.2", "up_blocks.3.upsamplers.0", "up_blocks.3")
+
+# Whole-segment prefixes (`…res_blocks` → `…resnets`, `…conv` → `…upsamplers.0.conv`) so no row's output is another
+# row's input: applied in order, `up_blocks.2 → up_blocks.0` would otherwise be caught by `up_blocks.0 → mid_block`.
+KEY_MAP = KeyMap(
+    "conv video VAE decoder",
+    renames=tuple(
+        Rename(f"decoder.up_blocks.{i}.res_blocks", f"decoder.{module}.resnets") if i % 2 == 0
+        else Rename(f"decoder.up_blocks.{i}.conv", f"decoder.{module}.conv")
+        for i, module in enumerate(_DECODER_MODULES)
+    ) + (
+        Rename("per_channel_statistics.mean-of-means", "latents_mean"),
+        Rename("per_channel_statistics.std-of-means", "latents_std"),
+    ),
+    drops=(
+        Drop(r"encoder\..*", "decode-only pack: nothing here encodes video, so the encoder is never built"),
+        Drop(r"per_channel_statistics\.(?!mean-of-means$|std-of-means$).*",
+             "dataset statistics the decoder does not use (diffusers' converter drops them too)"),
+    ),
+)
+
+# The writer's encoder rows (the loader drops `encoder.*`): native flat `down_blocks.{0..8}` → diffusers groups.
+_ENCODER_MODULES = ("down_blocks.0", "down_blocks.0.downsamplers.0", "down_blocks.1", "down_blocks.1.downsamplers.0",
+                    "down_blocks.2", "down_blocks.2.downsamplers.0", "down_blocks.3", "down_blocks.3.downsamplers.0",
+                    "mid_block")
+ENCODER_KEY_MAP = KeyMap("conv video VAE encoder (tiny writer)", renames=tuple(
+    Rename(f"encoder.down_blocks.{i}.res_blocks", f"encoder.{module}.resnets") if i % 2 == 0
+    else Rename(f"encoder.down_blocks.{i}.conv", f"encoder.{module}.conv")
+    for i, module in enumerate(_ENCODER_MODULES)))
+
+
+def _block_params(where: str, key: str, block: Any) -> tuple[str, dict]:
+    if not (isinstance(block, (list, tuple)) and len(block) == 2 and isinstance(block[0], str)):
+        raise LTX25Error(where, key, block, '[name, params] pairs such as ["res_x", {"num_layers": 4}]')
+    name, params = block
+    return name, ({"num_layers": params} if isinstance(params, int) else dict(params))
+
+
+@dataclass(frozen=True)
+class ConvVAEConfig:
+    """The file's flat `config.vae` (native names), decoder side. Defaults are the reference builder's ([L]
+    `_build_conv_video_decoder`), never diffusers' (whose decoder pads `reflect`, is causal in
+    `AutoencoderKLLTX2Video`, and has residual ×2 upsamplers — the 2.0 layout)."""
+    latent_channels: int
+    patch_size: int
+    decoder_base_channels: int
+    causal_decoder: bool
+    spatial_padding_mode: str
+    res_layers: tuple[int, ...]                # the five res_x stages, native order
+    upsamplers: tuple[tuple[str, int, bool], ...]  # the four upsamplers, native order: (name, multiplier, residual)
+
+    @classmethod
+    def from_metadata(cls, where: str, metadata: Mapping[str, Any]) -> "ConvVAEConfig":
+        config = metadata.get("config", {})
+        vae = config.get("vae") if isinstance(config, Mapping) else None
+        if not isinstance(vae, Mapping):
+            raise LTX25Error(where, "metadata config.vae", type(vae).__name__, "a JSON object (the conv VAE config)")
+        if vae.get("_class_name") != "CausalVideoAutoencoder":
+            raise LTX25Error(where, "config.vae._class_name", vae.get("_class_name"), "'CausalVideoAutoencoder'",
+                             "A CausalDiffusionVAE file is the diffusion decoder: load it for the Diffusion VAE "
+                             "Decode node." if vae.get("_class_name") == "CausalDiffusionVAE" else "")
+        fixed = {"dims": (3, 3), "in_channels": (3, 3), "out_channels": (3, 3),
+                 "norm_layer": ("pixel_norm", "pixel_norm"), "timestep_conditioning": (True, False),
+                 "latent_channels": (LATENT_CHANNELS, LATENT_CHANNELS)}
+        for key, (default, wanted) in fixed.items():
+            if vae.get(key, default) != wanted:
+                raise LTX25Error(where, f"config.vae.{key}", vae.get(key, default), repr(wanted),
+                                 "LTX-2.5 conv VAE files ship this value; the file is from another model.")
+        blocks = [_block_params(where, "config.vae.decoder_blocks", b) for b in vae.get("decoder_blocks", [])]
+        names = [n for n, _ in blocks]
+        if len(blocks) != 9 or any(n != "res_x" for n in names[::2]) or any(n not in UPSAMPLER_KINDS
+                                                                          for n in names[1::2]):
+            raise LTX25Error(where, "config.vae.decoder_blocks", names,
+                             "nine blocks res_x, compress_*, res_x, …, res_x (the 2.3/2.5 layout)")
+        if any(p.get("inject_noise", False) for _, p in blocks[::2]):
+            raise LTX25Error(where, "config.vae.decoder_blocks inject_noise", True, "false (LTX-2.5)")
+        upsamplers = tuple((n, int(p.get("multiplier", 1)), bool(p.get("residual", False))) for n, p in blocks[1::2])
+        patch = int(vae.get("patch_size", 4))
+        spatial = patch * 2 ** sum(_STRIDES[UPSAMPLER_KINDS[n]][1] == 2 for n, _, _ in upsamplers)
+        temporal = 2 ** sum(_STRIDES[UPSAMPLER_KINDS[n]][0] == 2 for n, _, _ in upsamplers)
+        if (spatial, temporal) != (32, 8):
+            raise LTX25Error(where, "config.vae compression (patch_size × decoder upsamplers)",
+                             f"{spatial}×{spatial}×{temporal}", "32×32×8 (the LTX-2.5 latent grid)")
+        padding = vae.get("spatial_padding_mode", "reflect")
+        if padding not in ("zeros", "reflect", "replicate", "circular"):
+            raise LTX25Error(where, "config.vae.spatial_padding_mode", padding, "zeros, reflect, replicate or circular")
+        return cls(LATENT_CHANNELS, patch, int(vae.get("decoder_base_channels", 128)),
+                   bool(vae.get("causal_decoder", False)), padding,
+                   tuple(int(p["num_layers"]) for _, p in blocks[::2]), upsamplers)
+
+    def decoder_kwargs(self) -> dict[str, Any]:
+        """`LTX2VideoDecoder3d` arguments, every one passed. diffusers reverses the per-block tuples itself (so they
+        go in native order) EXCEPT `upsample_type`, which it reads in decoding order."""
+        factors = [m for _, m, _ in self.upsamplers]
+        bottleneck = self.decoder_base_channels * math.prod(factors)
+        widths = [bottleneck]                       # input width of each upsampler, decoding order
+        for factor in reversed(factors[1:]):
+            widths.append(widths[-1] // factor)
+        return dict(
+            in_channels=self.latent_channels, out_channels=3, block_out_channels=tuple(reversed(widths)),
+            spatio_temporal_scaling=(True,) * 4, layers_per_block=self.res_layers,
+            upsample_type=tuple(UPSAMPLER_KINDS[n] for n, _, _ in reversed(self.upsamplers)),
+            patch_size=self.patch_size, patch_size_t=1, resnet_norm_eps=1e-6, is_causal=self.causal_decoder,
+            inject_noise=(False,) * 5, timestep_conditioning=False,
+            upsample_residual=tuple(r for _, _, r in self.upsamplers), upsample_factor=tuple(factors),
+            spatial_padding_mode=self.spatial_padding_mode)
+
+
+def encoder_kwargs(vae: Mapping[str, Any]) -> dict[str, Any]:
+    """`LTX2VideoEncoder3d` arguments from a native `config.vae` (the tiny writer and the benchmark build the encoder;
+    the loader does not). diffusers' encoder widens to `latent_channels` in conv_in, so its base width is 128."""
+    blocks = [_block_params("config.vae", "encoder_blocks", b) for b in vae["encoder_blocks"]]
+    widths, width = [], LATENT_CHANNELS
+    for _, params in blocks[1::2]:
+        width *= int(params.get("multiplier", 1))
+        widths.append(width)
+    return dict(in_channels=3, out_channels=LATENT_CHANNELS, block_out_channels=tuple(widths),
+                down_block_types=("LTX2VideoDownBlock3D",) * 4, spatio_temporal_scaling=(True,) * 4,
+                layers_per_block=tuple(int(p["num_layers"]) for _, p in blocks[::2]),
+                downsample_type=tuple(DOWNSAMPLER_KINDS[n] for n, _ in blocks[1::2]), patch_size=vae["patch_size"],
+                patch_size_t=1, resnet_norm_eps=1e-6, is_causal=True,
+                spatial_padding_mode=vae.get("spatial_padding_mode", "zeros"))
+
+
+class ConvVideoVAE(torch.nn.Module):
+    """LTX25_VIDEO_VAE of kind "conv": `decoder` (diffusers `LTX2VideoDecoder3d`) and the per-channel statistics
+    `latents_mean`, `latents_std` `[128]` (from `per_channel_statistics.{mean,std}-of-means`), which the latent
+    upsampler reads from whichever video VAE is connected."""
+    kind = "conv"
+
+    def __init__(self, config: ConvVAEConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.decoder = LTX2VideoDecoder3d(**config.decoder_kwargs())
+        self.register_buffer("latents_mean", torch.zeros(config.latent_channels))
+        self.register_buffer("latents_std", torch.ones(config.latent_channels))
+
+    def bytes_per_voxel(self) -> float:
+        """Decoder working memory per output pixel·frame: ~12 live maps of the last stage (base width at a quarter
+        of the resolution: base/patch² values per pixel) — measured 7.6 GiB for 768×512×121 bf16 (diffusers, 2.0
+        layout, same last stage) — plus 24 B of fp32 RGB output copies."""
+        itemsize = next(self.decoder.parameters()).element_size()
+        return 12 * self.config.decoder_base_channels / self.config.patch_size ** 2 * itemsize + 24
+
+
+class PixelNormSiLU(torch.nn.Module):
+    """diffusers' `PerChannelRMSNorm` (x / √(mean_c x² + eps), in x's dtype, as the reference) followed by SiLU, as
+    one module so `torch.compile` emits one kernel instead of four full-size temporaries."""
+
+    def __init__(self, eps: float = 1e-8, compiled: bool = False) -> None:
+        super().__init__()
+        self.eps = eps
+        self._fn = torch.compile(self._norm_silu, dynamic=True) if compiled else self._norm_silu
+
+    def _norm_silu(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.silu(x / torch.sqrt(torch.mean(x * x, dim=1, keepdim=True) + self.eps))
+
+    def forward(self, x: torch.Tensor, channel_dim: int | None = None) -> torch.Tensor:
+        return self._fn(x)
+
+
+def optimize_decoder(vae: ConvVideoVAE, channels_last: bool = False, fuse_norm_act: bool = False,
+                     compile_norm_act: bool = False) -> ConvVideoVAE:
+    """Opt-in speed-ups, in place (the benchmark measures each against the plain decoder).
+
+    channels_last: NDHWC weights (cuDNN's fast layout for bf16 conv3d; inputs follow the weights).
+    fuse_norm_act: every norm→SiLU pair becomes one `PixelNormSiLU` and the separate SiLU an identity. Valid only
+    because the 2.5 decoder has no timestep scale/shift or noise between them (the config refuses both)."""
+    decoder = vae.decoder
+    if fuse_norm_act:
+        fused = PixelNormSiLU(1e-8, compiled=compile_norm_act)
+        for block in decoder.modules():
+            if block.__class__.__name__ == "LTX2VideoResnetBlock3d":
+                block.norm1, block.norm2, block.nonlinearity = fused, fused, torch.nn.Identity()
+        decoder.norm_out, decoder.conv_act = fused, torch.nn.Identity()
+    if channels_last:
+        decoder.to(memory_format=torch.channels_last_3d)
+    return vae
+
+
+def load_conv_vae(path: str, dtype: torch.dtype | None = None) -> ConvVideoVAE:
+    """Native conv video VAE file → `ConvVideoVAE` (eval, no grad). Refuses a diffusion-VAE or other file by kind."""
+    info = expect_kind(path, Kind.CONV_VAE)
+    config = ConvVAEConfig.from_metadata(info.path, info.header.metadata)
+    return load_strict(info.path, lambda: ConvVideoVAE(config), read_state_dict(info.path), KEY_MAP, dtype)
+
+
+# ------------------------------------------------------------------------------------------------------ decode
+def decode_plan(vae: ConvVideoVAE, latent_shape: tuple[int, ...], tiling: TilingRequest,
+                memory_budget: int | None) -> TilePlan:
+    """The tiles `decode_conv` will use for a `[B, 128, F', H', W']` latent (batch items decode together)."""
+    return plan_tiles(tuple(latent_shape[2:]), tiling, memory_budget, _cost(vae, latent_shape[0]))
+
+
+def _cost(vae: ConvVideoVAE, batch: int) -> CostModel:
+    return CostModel(vae.bytes_per_voxel() * batch, 12.0 * batch)
+
+
+READBACK_FRAMES = 8   # frames per piece when a shifted last tile's overlap comes back from host memory
+STREAM_TO_HOST = True  # finished frames leave through host_frames.DeviceToHost (bench/bench_conv_vae.py compares)
+
+
+def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest = TilingRequest(),
+                memory_budget: int | None = None, on_step: Callable[[int, int], None] | None = None,
+                where: str = "decode_conv", stack_tiles: bool | None = None) -> tuple[torch.Tensor, DecodeStats]:
+    """Normalized latent `[B, 128, F', H', W']` → frames `[B·F, H, W, 3]` float32 in [0, 1] on the CPU, with
+    F = 8(F'−1)+1, H = 32H', W = 32W'; and the `DecodeStats` (decoder "conv").
+
+    The latent is un-normalized with the file's statistics, cut into the tiles of `decode_plan` (auto: untiled when
+    the estimate fits `memory_budget`, bytes free on the decoder's device; None = ask CUDA, or ample on the CPU),
+    each tile decoded and (x+1)/2-clamped — the equal-shaped spatial tiles of one temporal tile stacked into batches
+    as memory allows (`tile_batch`) — and blended on the device; that group's finished frames are streamed into the
+    CPU output (on CUDA through `DeviceToHost`'s pinned staging on a side stream) while its overlap with the next
+    group stays on the device: host memory holds the output plus one group. `on_step(done, total)` runs after every
+    tile (progress; it raises to interrupt). `where` names the node in errors. `stack_tiles` (default: on CUDA only,
+    where small tiles leave the GPU waiting on launches; on the CPU it only adds memory) allows the stacking.
+    """
+    check_video_latent(latent, f"{where}.latent")
+    problem = tiling.problem()
+    if problem is not None:
+        raise LTX25Error(f"{where}.{problem[0]}", problem[0], problem[1], problem[2])
+    param = next(vae.decoder.parameters())
+    device, dtype = param.device, param.dtype
+    if memory_budget is None and device.type == "cuda":
+        memory_budget = free_bytes(device)
+    plan = decode_plan(vae, tuple(latent.shape), tiling, memory_budget)
+    stacking = device.type == "cuda" if stack_tiles is None else stack_tiles
+    stack = tile_batch(plan, _cost(vae, latent.shape[0]), memory_budget) if stacking else 1
+    weights_t, weights_h, weights_w = plan.axis_weights()
+    batch, (frames, height, width) = latent.shape[0], plan.pixel_shape
+    meter, done = start_meter(device), 0
+    to_host = host_copier(device, STREAM_TO_HOST)
+    with torch.inference_mode(), contextlib.ExitStack() as cleanup:
+        cleanup.callback(to_host.finish)
+        z = denormalize_video(latent, vae.latents_mean, vae.latents_std, device).to(dtype)
+        host = HostFrames((batch, frames, height, width, 3), prefault=device.type != "cpu")  # [B, F, H, W, 3]
+        carry, readback = None, 0       # the next group's partial first frames: on the device / count on the host
+        spatial = list(itertools.product(enumerate(plan.rows), enumerate(plan.cols)))
+        for ti, t_interval in enumerate(plan.frames):
+            p0, p1 = temporal_pixels(t_interval)
+            group = None
+            for first in range(0, len(spatial), stack):
+                chunk = spatial[first:first + stack]  # tiles of one shape, stacked on the batch axis
+                tiles = vae.decoder(torch.cat([z[:, :, t_interval[0]:t_interval[1], r0:r1, c0:c1]
+                                               for (_, (r0, r1)), (_, (c0, c1)) in chunk]))
+                rgb = tiles.float().add_(1.0).mul_(0.5).clamp_(0.0, 1.0).permute(0, 2, 3, 4, 1)  # [kB,f,h,w,3]
+                for j, ((ri, rows), (ci, cols)) in enumerate(chunk):
+                    if len(spatial) == 1:
+                        group = rgb
+                    else:
+                        if group is None:
+                            group = torch.zeros(batch, p1 - p0, height, width, 3, dtype=torch.float32, device=device)
+                        (y0, y1), (x0, x1) = spatial_pixels(rows), spatial_pixels(cols)
+                        blend = weights_h[ri].to(device).view(-1, 1, 1) * weights_w[ci].to(device).view(1, -1, 1)
+                        group[:, :, y0:y1, x0:x1].addcmul_(rgb[j * batch:(j + 1) * batch], blend)
+                    done += 1
+                    if on_step is not None:
+                        on_step(done, plan.count)
+                del tiles, rgb
+            if len(plan.frames) > 1:
+                group.mul_(weights_t[ti].to(device).view(1, -1, 1, 1, 1))  # group is this tile's own buffer
+            out = host.ready()
+            if readback:  # the earlier groups' share of this group's first frames: beyond the steady overlap ...
+                to_host.finish_moves()
+                for f0 in range(0, readback, READBACK_FRAMES):  # small pieces: no group-sized temporary
+                    f1 = min(readback, f0 + READBACK_FRAMES)
+                    group[:, f0:f1] += out[:, p0 + f0:p0 + f1].to(device)
+            if carry is not None:  # ... from the host, the rest kept on the device
+                group[:, readback:readback + carry.shape[1]] += carry
+                carry = None
+            # Frames no later tile touches are final; of the overlap with the next group (which lies inside it:
+            # tiles start and end in order) the last `carried_frames` stay on the device and any earlier ones (a
+            # last tile shifted back) go to the host and come back. Reading every overlap back cost a synchronous
+            # copy per group each way.
+            finished = (temporal_pixels(plan.frames[ti + 1])[0] if ti + 1 < len(plan.frames) else p1) - p0
+            kept = min(p1 - p0 - finished, plan.carried_frames)
+            readback = p1 - p0 - finished - kept
+            carry = group[:, p1 - p0 - kept:].clone() if kept else None
+            for item in range(batch):
+                to_host.copy(out[item, p0:p1 - kept], group[item, :p1 - p0 - kept])
+            del group
+    seconds, peak = meter()
+    stats = DecodeStats("conv", seconds, peak, plan.count, tuple(plan.tile_pixel_sizes()), extra={
+        "mode": tiling.mode, "plan": plan.reason, "latent_tiles": {"frames": plan.frames, "rows": plan.rows,
+                                                                    "cols": plan.cols},
+        "estimate_bytes": plan.estimate_bytes, "memory_budget": memory_budget, "tile_batch": stack,
+        "dtype": str(dtype).split(".")[-1]})
+    return host.ready().view(batch * frames, height, width, 3), stats
+
+
+# ------------------------------------------------------------------------------------------------------ tiny file
+def _tiny_blocks(res: int, ups: tuple[tuple[str, int], ...]) -> list:
+    blocks: list = [["res_x", {"num_layers": res}]]
+    for name, multiplier in ups:
+        blocks += [[name, {"multiplier": multiplier}], ["res_x", {"num_layers": res}]]
+    return blocks
+
+
+# `config.vae` of the shipped ltx-2.5-video-vae-conv-bf16.safetensors (ltx25.md §9: the 2.3 metadata, whose block
+# lists 2.5 keeps byte-identical; 2.5 says latent_log_var "constant"). The benchmark and the ladder test build it.
+SHIPPED_VAE_CONFIG = {
+    "_class_name": "CausalVideoAutoencoder", "dims": 3, "in_channels": 3, "out_channels": 3,
+    "latent_channels": LATENT_CHANNELS,
+    "encoder_blocks": [["res_x", {"num_layers": 4}], ["compress_space_res", {"multiplier": 2}],
+                       ["res_x", {"num_layers": 6}], ["compress_time_res", {"multiplier": 2}],
+                       ["res_x", {"num_layers": 4}], ["compress_all_res", {"multiplier": 2}],
+                       ["res_x", {"num_layers": 2}], ["compress_all_res", {"multiplier": 1}],
+                       ["res_x", {"num_layers": 2}]],
+    "decoder_blocks": [["res_x", {"num_layers": 4}], ["compress_space", {"multiplier": 2}],
+                       ["res_x", {"num_layers": 6}], ["compress_time", {"multiplier": 2}],
+                       ["res_x", {"num_layers": 4}], ["compress_all", {"multiplier": 1}],
+                       ["res_x", {"num_layers": 2}], ["compress_all", {"multiplier": 2}], ["res_x", {"num_layers": 2}]],
+    "scaling_factor": 1.0, "norm_layer": "pixel_norm", "patch_size": 4, "latent_log_var": "constant",
+    "use_quant_conv": False, "causal_decoder": False, "timestep_conditioning": False,
+    "normalize_latent_channels": False, "encoder_base_channels": 128, "decoder_base_channels": 128,
+    "spatial_padding_mode": "zeros",
+}
+
+# The shipped 2.5 layout (ltx25.md §9) at tiny widths. The decoder keeps the nine-block list with 1 layer per stage
+# and base 8; the encoder keeps 128 wide (see `encoder_kwargs`) and saves size with empty res stages and ×1 multipliers.
+TINY_VAE_CONFIG = {
+    "_class_name": "CausalVideoAutoencoder", "dims": 3, "in_channels": 3, "out_channels": 3,
+    "latent_channels": LATENT_CHANNELS,
+    "encoder_blocks": _tiny_blocks(0, (("compress_space_res", 1), ("compress_time_res", 1), ("compress_all_res", 1),
+                                       ("compress_all_res", 1))),
+    "decoder_blocks": _tiny_blocks(1, (("compress_space", 2), ("compress_time", 2), ("compress_all", 1),
+                                       ("compress_all", 2))),
+    "scaling_factor": 1.0, "norm_layer": "pixel_norm", "patch_size": 4, "latent_log_var": "constant",
+    "use_quant_conv": False, "causal_decoder": False, "timestep_conditioning": False,
+    "normalize_latent_channels": False, "encoder_base_channels": LATENT_CHANNELS, "decoder_base_channels": 8,
+    "spatial_padding_mode": "zeros",
+}
+
+
+def _local_(module: torch.nn.Module, leak: float = 0.02) -> torch.nn.Module:
+    """Make the random tiny decoder local, like a trained one: each conv's centre tap gets unit gain (std
+    1/√C_in) and every off-centre tap `leak` times that. Plain random 3×3×3 kernels spread every latent cell over
+    the whole clip, which no tile overlap can hide; this keeps tile borders a ~1-cell effect, as in the real VAE."""
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, torch.nn.Conv3d):
+                w = m.weight
+                w.mul_(1.0 / (w.std() * math.sqrt(w.shape[1])))
+                taps = torch.full(w.shape[2:], leak)
+                taps[tuple(k // 2 for k in w.shape[2:])] = 1.0
+                w.mul_(taps)
+    return module
+
+
+def write_tiny(path: str, seed: int = 0) -> str:
+    """A tiny conv VAE in the native format: `encoder.*`, `decoder.*`, `per_channel_statistics.*`, flat `config.vae`.
+    Latent channels 128 and 32×32×8 compression like the real file, so latent shapes match."""
+    config = ConvVAEConfig.from_metadata(path, {"config": {"vae": TINY_VAE_CONFIG}})
+    vae = _local_(tiny_common.randomize_(ConvVideoVAE(config), seed, "conv_vae"))
+    mean, std = tiny_common.latent_statistics(seed)
+    vae.latents_mean.copy_(mean)
+    vae.latents_std.copy_(std)
+    encoder = tiny_common.randomize_(LTX2VideoEncoder3d(**encoder_kwargs(TINY_VAE_CONFIG)), seed, "conv_vae_encoder")
+    tensors = KEY_MAP.to_native(vae.state_dict())
+    tensors |= ENCODER_KEY_MAP.to_native({f"encoder.{k}": v for k, v in encoder.state_dict().items()})
+    return tiny_common.save_native(path, tensors, {"config": {"vae": TINY_VAE_CONFIG},
+                                                   "model_version": tiny_common.MODEL_VERSION})

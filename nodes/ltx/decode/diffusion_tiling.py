@@ -1,0 +1,396 @@
+"""The diffusion VAE's tile schedule: where stages 4-5 cut the video, as plain numbers.
+
+Stages 1-3 run once on the whole (floor-padded, ghost-padded) latent; stages 4-5 run per tile. Tiles live on the
+stage-4 input grid ("cells": 2 frames × 8 × 8 px for the released config) and are blended in pixel space with
+trapezoid weights that sum to one. Everything here is a function of the decoder config and the latent shape —
+no tensors but the 1-D weights — so the geometry is tested without running a model. Reference: ltx25.md §10.4.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..errors import LTX25Error
+
+THW = tuple[int, int, int]
+VIDEO_FACTORS = (8, 32, 32)  # the latent format: frames, height, width per latent cell; overlaps round up to these
+WHERE = "diffusion VAE tiling"
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return _ceil_div(value, multiple) * multiple
+
+
+def upsample_frames(frames: int, stride_t: int, drop_leading: bool = True) -> int:
+    """Frames after one pixel-shuffle upsample: ×stride, minus the duplicate leading frame a temporal ×2 makes."""
+    return frames * stride_t - (1 if stride_t == 2 and drop_leading else 0)
+
+
+@dataclass(frozen=True)
+class TilingGeometry:
+    """The config numbers the schedule depends on (released values in comments)."""
+    stage_channels: tuple[int, ...]            # (2048, 1024, 512, 512, 256)
+    stage_kernels: tuple[THW, ...]             # 4 deterministic stages: (3,7,7), (3,7,7), (3,5,5), (3,5,5)
+    stage_depths: tuple[int, ...]              # (4, 6, 4, 2, 8); the last is stage 5
+    upsample_strides: tuple[THW, ...]          # (1,2,2), (2,1,1), (2,2,2), (2,2,2)
+    stage5_kernel: THW                         # (11, 11, 11)
+    patch_size: int                            # 4
+
+    @property
+    def cell_pixels(self) -> THW:
+        """Output pixels per stage-4 cell: the last upsample's stride times the patch size → (2, 8, 8)."""
+        st, sh, sw = self.upsample_strides[-1]
+        return st, sh * self.patch_size, sw * self.patch_size
+
+    @property
+    def ghost_latent_frames(self) -> int:
+        """Copies of the last latent frame appended before stage 1 so NATTEN's inward-shifted border window
+        lands on ghosts, not on kept frames → 2."""
+        return (self.stage_kernels[0][0] // 2) * 2
+
+    @property
+    def ghost_cells(self) -> int:
+        """The ghost frames on the stage-4 grid (×4 through the first three upsamples) → 8."""
+        return self.ghost_latent_frames * math.prod(s[0] for s in self.upsample_strides[:-1])
+
+    @property
+    def halo4(self) -> THW:
+        """One-sided receptive field of stage 4 in cells: depth·(k//2) → (2, 4, 4)."""
+        return tuple(self.stage_depths[-2] * (k // 2) for k in self.stage_kernels[-1])
+
+    @property
+    def halo5(self) -> THW:
+        """One-sided receptive field of stage 5 in cells: ceil(depth·(k//2) / stride) → (20, 20, 20)."""
+        return tuple(_ceil_div(self.stage_depths[-1] * (k // 2), s)
+                     for k, s in zip(self.stage5_kernel, self.upsample_strides[-1]))
+
+    @property
+    def min_overlap(self) -> tuple[int, int]:
+        """Smallest safe overlap (frames, pixels): the dominant halo in pixels, rounded up to the latent grid
+        → (40, 160). A smaller overlap leaves seams, so it is refused."""
+        halo = [max(a, b) for a, b in zip(self.halo4, self.halo5)]
+        ct, ch, _ = self.cell_pixels
+        return _round_up(halo[0] * ct, VIDEO_FACTORS[0]), _round_up(max(halo[1], halo[2]) * ch, VIDEO_FACTORS[1])
+
+    @property
+    def min_tile_cells(self) -> THW:
+        """Tile floor: stage 4 sees ≥ its kernel and stage 5 ≥ its kernel after the upsample → (6, 6, 6)."""
+        return tuple(max(k4, _ceil_div(k5, s)) for k4, k5, s in
+                     zip(self.stage_kernels[-1], self.stage5_kernel, self.upsample_strides[-1]))
+
+    @property
+    def latent_floor(self) -> THW:
+        """Smallest latent every stage's neighborhood fits in (smaller latents are edge-padded) → (3, 7, 7)."""
+        floor = [1, 1, 1]
+        scale = [1, 1, 1]
+        for kernel, stride in zip((*self.stage_kernels, self.stage5_kernel), (*self.upsample_strides, None)):
+            floor = [max(f, _ceil_div(k, s)) for f, k, s in zip(floor, kernel, scale)]
+            if stride is not None:
+                scale = [a * b for a, b in zip(scale, stride)]
+        return tuple(floor)
+
+    def stage4_grid(self, latent_thw: THW) -> THW:
+        """Stage-4 input grid of a latent (T, H, W) through upsamples 1-3 → (4T−3, 4H, 4W)."""
+        t, h, w = latent_thw
+        for st, sh, sw in self.upsample_strides[:-1]:
+            t, h, w = upsample_frames(t, st), h * sh, w * sw
+        return t, h, w
+
+    def pre_upsample_grid(self, latent_thw: THW) -> THW:
+        """Grid before the third upsample, where the resident features live (1/8 of the stage-4 grid)."""
+        t, h, w = latent_thw
+        for st, sh, sw in self.upsample_strides[:-2]:
+            t, h, w = upsample_frames(t, st), h * sh, w * sw
+        return t, h, w
+
+    def canvas(self, latent_thw: THW) -> THW:
+        """Pixels (F, H, W) of a latent: 8(T−1)+1 frames, 32H × 32W."""
+        t4, h4, w4 = self.stage4_grid(latent_thw)
+        ct, ch, cw = self.cell_pixels
+        return upsample_frames(t4, ct), h4 * ch, w4 * cw
+
+
+@dataclass(frozen=True)
+class AxisSpan:
+    """One tile along one axis: content cells on the stage-4 grid, the pixels they decode to, blend ramps."""
+    cells: tuple[int, int]
+    pixels: tuple[int, int]
+    ramps: tuple[int, int]  # pixel lengths of the left fade-in and right fade-out
+
+    @property
+    def length(self) -> int:
+        return self.pixels[1] - self.pixels[0]
+
+    def weights(self) -> torch.Tensor:
+        """Trapezoid `[length]` float32: ramps of k/(r+1), so two overlapping ramps sum to exactly one."""
+        left, right = self.ramps
+        w = torch.ones(self.length, dtype=torch.float64)
+        if left:
+            w[:left] = torch.arange(1, left + 1, dtype=torch.float64) / (left + 1)
+        if right:
+            w[self.length - right:] *= 1 - torch.arange(1, right + 1, dtype=torch.float64) / (right + 1)
+        return w.float()
+
+
+@dataclass(frozen=True)
+class Tile:
+    index: int
+    t: AxisSpan
+    h: AxisSpan
+    w: AxisSpan
+    feature_frames: tuple[int, int]  # stage-4 input frames to slice (the trailing tile also takes the ghosts)
+
+    @property
+    def is_origin(self) -> bool:
+        """Holds t=0: only this tile drops the temporal upsample's duplicate leading frame."""
+        return self.t.cells[0] == 0
+
+    @property
+    def pixel_shape(self) -> THW:
+        return self.t.length, self.h.length, self.w.length
+
+
+@dataclass(frozen=True)
+class TileSchedule:
+    geometry: TilingGeometry
+    latent_thw: THW                  # content latent (T, H, W)
+    work_thw: THW                    # after the all-stage floor pad
+    latent_pad: tuple[int, int, int]  # latent cells added: frames after, rows before, columns before
+    overlap: tuple[int, int]         # frames, pixels (0 on an untiled axis)
+    spans: tuple[tuple[AxisSpan, ...], tuple[AxisSpan, ...], tuple[AxisSpan, ...]]
+
+    @property
+    def grid(self) -> THW:
+        return tuple(len(s) for s in self.spans)
+
+    @property
+    def tile_count(self) -> int:
+        return math.prod(self.grid)
+
+    @property
+    def is_tiled(self) -> bool:
+        return self.tile_count > 1
+
+    @property
+    def canvas(self) -> THW:
+        return self.geometry.canvas(self.work_thw)
+
+    @property
+    def content(self) -> tuple[slice, slice, slice]:
+        """Where the content video sits in the padded canvas (frames pad trails; rows/columns pad both sides)."""
+        frames, height, width = self.geometry.canvas(self.latent_thw)
+        top, left = (p * VIDEO_FACTORS[1] for p in self.latent_pad[1:])
+        return slice(0, frames), slice(top, top + height), slice(left, left + width)
+
+    @property
+    def feature_frames(self) -> int:
+        """Stage-4 input frames including the ghosts."""
+        return self.geometry.stage4_grid(self.work_thw)[0] + self.geometry.ghost_cells
+
+    def tiles(self) -> list[Tile]:
+        """All tiles, time slowest (so each temporal group is contiguous)."""
+        last_cell = self.geometry.stage4_grid(self.work_thw)[0]
+        # The reference keeps ≥ the stage-5 kernel of frames when it crops the ghosts again; with odd kernels
+        # the tile floor (≥ ceil(k5 / 2) cells → ≥ k5 frames) makes that unreachable: the crop is the tile length.
+        return [Tile(i, t, h, w, (t.cells[0], self.feature_frames if t.cells[1] == last_cell else t.cells[1]))
+                for i, (t, h, w) in enumerate(itertools.product(*self.spans))]
+
+    def groups(self) -> list[tuple[AxisSpan, tuple[int, int]]]:
+        """Temporal groups: (span, pixel frames this group finalizes). A group's frames up to the next group's
+        start are final once it is blended; its tail waits for the next group's ramp."""
+        spans = self.spans[0]
+        out = []
+        for i, span in enumerate(spans):
+            end = spans[i + 1].pixels[0] if i + 1 < len(spans) else span.pixels[1]
+            out.append((span, (span.pixels[0], end)))
+        return out
+
+
+def split_axis(length: int, size: int, overlap: int, floor: int) -> list[tuple[int, int]]:
+    """Cut `[0, length)` cells into tiles of `size` sharing `overlap` cells; a last tile below `floor` grows left.
+
+    One tile when it all fits. Tiles are never shorter than `overlap + 1`, so neighbouring ramps never meet.
+    """
+    if length <= size:
+        return [(0, length)]
+    step = size - overlap
+    count = _ceil_div(length - overlap, step)
+    cuts = [(i * step, min(i * step + size, length)) for i in range(count)]
+    cuts[-1] = (cuts[-1][0], length)
+    if cuts[-1][1] - cuts[-1][0] < floor:
+        cuts[-1] = (length - floor, length)
+    return cuts
+
+
+def _spans(cuts: Sequence[tuple[int, int]], cell: int, causal: bool) -> tuple[AxisSpan, ...]:
+    """Cells → pixels. Spatially ×cell. Temporally (causal ×2 upsample): the origin tile drops its duplicate
+    leading frame and every other tile keeps it, so a non-origin tile starts one pixel frame *before* 2·start and
+    the end is 2·end − 1 — the causal 1-then-2 frame mapping of the latent space."""
+    spans = []
+    for i, (start, end) in enumerate(cuts):
+        left = (cuts[i - 1][1] - start) * cell if i > 0 else 0
+        right = (end - cuts[i + 1][0]) * cell if i + 1 < len(cuts) else 0
+        if causal and cell == 2:
+            pixels = (start * 2 - (1 if start > 0 else 0), end * 2 - 1)
+        else:
+            pixels = (start * cell, end * cell)
+        spans.append(AxisSpan((start, end), pixels, (left, right)))
+    return tuple(spans)
+
+
+def floor_pad(geometry: TilingGeometry, latent_thw: THW) -> tuple[THW, tuple[int, int, int]]:
+    """Work latent after the all-stage floor pad, and the cells added (frames after, rows/columns before).
+    Frames repeat the last one; rows/columns edge-replicate on both sides (the odd one after)."""
+    floor = geometry.latent_floor
+    work = tuple(max(n, f) for n, f in zip(latent_thw, floor))
+    pads = [w - n for w, n in zip(work, latent_thw)]
+    return work, (pads[0], pads[1] // 2, pads[2] // 2)
+
+
+def build_schedule(geometry: TilingGeometry, latent_thw: THW, tile_frames: int | None = None,
+                   tile_pixels: int | tuple[int, int] | None = None, overlap_frames: int | None = None,
+                   overlap_pixels: int | None = None) -> TileSchedule:
+    """The schedule for a latent `(T, H, W)`: `None` tile sizes leave an axis whole (untiled = one tile).
+
+    Tile sizes are output frames/pixels (multiples of 8/32); overlaps default to the smallest safe ones
+    (`geometry.min_overlap`) and smaller ones are refused.
+    """
+    min_frames, min_pixels = geometry.min_overlap
+    overlap_frames = min_frames if overlap_frames is None else overlap_frames
+    overlap_pixels = min_pixels if overlap_pixels is None else overlap_pixels
+    if overlap_frames < min_frames or overlap_pixels < min_pixels:
+        raise LTX25Error(WHERE, "the tile overlap", f"{overlap_frames} frames / {overlap_pixels} px",
+                         f"at least {min_frames} frames / {min_pixels} px",
+                         "The decoder's receptive field reaches that far past a tile edge; a smaller overlap "
+                         "leaves visible seams.")
+    if isinstance(tile_pixels, int):
+        tile_pixels = (tile_pixels, tile_pixels)
+    sizes = (tile_frames, *(tile_pixels or (None, None)))
+    overlaps = (overlap_frames, overlap_pixels, overlap_pixels)
+    work, pad = floor_pad(geometry, latent_thw)
+    grid = geometry.stage4_grid(work)
+    cell = geometry.cell_pixels
+    spans = []
+    for axis, (size, overlap, n, c, floor, factor) in enumerate(
+            zip(sizes, overlaps, grid, cell, geometry.min_tile_cells, VIDEO_FACTORS)):
+        name = ("tile_frames", "tile_pixels", "tile_pixels")[axis]
+        if size is None or size // c >= n:
+            spans.append(_spans([(0, n)], c, axis == 0))
+            continue
+        if size % factor or size < 2 * overlap or size // c < floor:
+            low = max(2 * overlap, _round_up(floor * c, factor))
+            raise LTX25Error(WHERE, name, size, f"a multiple of {factor} and at least {low}",
+                             f"Each tile needs room for two {overlap}-{'frame' if axis == 0 else 'pixel'} blend "
+                             "ramps and the decoder's smallest window.")
+        spans.append(_spans(split_axis(n, size // c, overlap // c, floor), c, axis == 0))
+    tiled = [len(s) > 1 for s in spans]
+    used_overlap = (overlap_frames if tiled[0] else 0, overlap_pixels if tiled[1] or tiled[2] else 0)
+    return TileSchedule(geometry, tuple(latent_thw), work, pad, used_overlap, tuple(spans))
+
+
+# ------------------------------------------------------------------------------------------- memory and auto
+@dataclass(frozen=True)
+class MemoryModel:
+    """Peak bytes of a decode as one-line formulas. Coefficients count live tensors of one block's input size
+    (hidden, norms, q/k/v, RoPE scratch, outputs), fitted to measured peaks of the released widths on an H200
+    (docs/PERFORMANCE.md): a stage-5 token holds 8.2–8.3× its width with the fused block (four decodes, untiled
+    and tiled, 768×512 to 1920×1088×241) and 10.4× with diffusers' block; 15 per stage-4 cell incl. its upsampled
+    output, so 10 is a bound there."""
+    element_bytes: int = 2          # bf16 activations
+    accumulator_bytes: int = 2      # fp16 blend buffer for bf16 (else the activation dtype)
+    batch: int = 1
+    stage5_coef: float = 11.0       # DIFFUSERS_STAGE5_COEF; FUSED_STAGE5_COEF under fused_block.block_forward
+    det_coef: float = 10.0          # a deterministic NA block (stages 1-4)
+    processor_scratch: int = 0      # bytes a processor adds per call (the sdpa gather chunk)
+    constant_bytes: int = 256 << 20  # the SwiGLU tile, noise frames, slack
+
+    def stages_1_to_3(self, g: TilingGeometry, work_thw: THW) -> int:
+        """Stages 1-3 run untiled: the largest block working set or upsample (input + projection + shuffle)."""
+        t, h, w = work_thw[0] + g.ghost_latent_frames, *work_thw[1:]
+        peak = 0
+        for s in range(3):
+            n = t * h * w
+            peak = max(peak, n * g.stage_channels[s] * self.det_coef)
+            if s < 2:  # the third upsample is deferred to the tiles
+                st, sh, sw = g.upsample_strides[s]
+                t, h, w = upsample_frames(t, st), h * sh, w * sw
+                peak = max(peak, n * g.stage_channels[s] + 2 * t * h * w * g.stage_channels[s + 1])
+        return self.batch * peak * self.element_bytes
+
+    def resident(self, g: TilingGeometry, work_thw: THW) -> int:
+        t, h, w = g.pre_upsample_grid((work_thw[0] + g.ghost_latent_frames, *work_thw[1:]))
+        return self.batch * t * h * w * g.stage_channels[2] * self.element_bytes
+
+    def tile(self, g: TilingGeometry, canvas_hw: tuple[int, int], cells: THW, group_frames: int) -> int:
+        """Peak while one tile runs: its stage-4/5 working set plus its temporal group's blend buffer, which holds
+        `group_frames` whole-canvas frames (the group and the overlap carried from the one before)."""
+        t, h, w = cells[0] + g.ghost_cells, cells[1], cells[2]
+        n4 = t * h * w
+        n5 = n4 * math.prod(g.upsample_strides[-1])
+        stage4 = n4 * g.stage_channels[3] * self.det_coef + 2 * n5 * g.stage_channels[4]
+        stage5 = n5 * g.stage_channels[4] * self.stage5_coef
+        accumulator = 3 * group_frames * canvas_hw[0] * canvas_hw[1] * self.accumulator_bytes
+        return self.batch * (max(stage4, stage5) * self.element_bytes + accumulator)
+
+    def estimate(self, schedule: TileSchedule) -> int:
+        g, work = schedule.geometry, schedule.work_thw
+        cells = tuple(max(s.cells[1] - s.cells[0] for s in axis) for axis in schedule.spans)
+        group_frames = max(s.length for s in schedule.spans[0]) + schedule.overlap[0]
+        tiles = self.resident(g, work) + self.tile(g, schedule.canvas[1:], cells, group_frames)
+        return max(self.stages_1_to_3(g, work), tiles) + self.processor_scratch + self.constant_bytes
+
+
+DIFFUSERS_STAGE5_COEF = MemoryModel.stage5_coef  # measured 10.4 (see MemoryModel)
+FUSED_STAGE5_COEF = 8.5  # measured 8.2–8.3
+
+
+def _candidates(n_cells: int, cell: int, factor: int, low: int) -> list[int]:
+    """Tile sizes (output units) on the latent grid from `low` up to the whole axis (`None` = untiled)."""
+    whole = n_cells * cell
+    sizes = list(range(_round_up(low, factor), whole, factor))
+    return [s for s in sizes if s // cell < n_cells] + [None]
+
+
+def plan_auto(geometry: TilingGeometry, latent_thw: THW, budget_bytes: int,
+              memory: MemoryModel = MemoryModel()) -> TileSchedule:
+    """The schedule with the least recomputed overlap whose estimated peak fits `budget_bytes`.
+
+    The whole video as one tile wastes nothing, so it wins whenever it fits: `auto` tiles only when it must.
+    """
+    min_frames, min_pixels = geometry.min_overlap
+    work, _ = floor_pad(geometry, latent_thw)
+    grid = geometry.stage4_grid(work)
+    cell = geometry.cell_pixels
+    lows = [max(2 * o, f * c) for o, f, c in zip((min_frames, min_pixels, min_pixels), geometry.min_tile_cells, cell)]
+    options = [_candidates(n, c, f, low) for n, c, f, low in zip(grid, cell, VIDEO_FACTORS, lows)]
+    best = None
+    unique = math.prod(grid)
+    for tf, th, tw in itertools.product(*options):
+        if th != tw and None not in (th, tw):
+            continue  # square spatial tiles (one widget, as in manual mode) keep the search small
+        schedule = build_schedule(geometry, latent_thw, tf, (th, tw) if (th or tw) else None)
+        cells = [max(s.cells[1] - s.cells[0] for s in axis) for axis in schedule.spans]
+        if memory.estimate(schedule) > budget_bytes:
+            continue
+        processed = math.prod(sum(s.cells[1] - s.cells[0] for s in axis) for axis in schedule.spans)
+        key = (processed / unique, schedule.tile_count, -math.prod(cells))
+        if best is None or key < best[0]:
+            best = (key, schedule)
+    if best is None:
+        smallest = build_schedule(geometry, latent_thw, *(low if n * c > low else None
+                                                          for low, n, c in zip(lows[:2], grid[:2], cell[:2])))
+        untiled_part = memory.stages_1_to_3(geometry, work) + memory.processor_scratch + memory.constant_bytes
+        why = "for stages 1-3, which run untiled" if untiled_part >= memory.estimate(smallest) else \
+            "for the smallest legal tiles"
+        raise LTX25Error(WHERE, "the memory budget", f"{budget_bytes / 2**30:.2f} GiB",
+                         f"at least {memory.estimate(smallest) / 2**30:.2f} GiB {why}",
+                         "Free device memory, raise memory_budget_gb, or decode a smaller video.")
+    return best[1]

@@ -1,0 +1,491 @@
+"""The LTX-2.5 diffusion video VAE ("NADiffusionDecoder", ltx25.md §10): config, key map, loading, tiled decode,
+tiny asset.
+
+The network is diffusers' `LTX2VideoDiffusionDecoderModel`, configured from `config.vae` of the file. We write
+only what diffusers lacks: the native key map, the neighborhood-attention processors (`na_attention`), the tile
+schedule (`diffusion_tiling`) and the driver below, which runs the decoder's own stage functions:
+stages 1-3 once on the whole latent → stage 4 per tile → stage 5 (denoise pixels) per tile on a
+`FlowMatchEulerDiscreteScheduler` → trapezoid blend, streamed to the output one temporal group at a time.
+"""
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers.models.autoencoders.ltx2_diffusion_decoder import LTX2VideoDiffusionDecoderModel
+
+from . import diffusion_tiling as tiling
+from ..kernels import fused_block
+from ..kernels import na_attention
+from ..files.assets import Kind, expect_kind, read_state_dict
+from .stats import DecodeStats
+from ..device_memory import free_bytes, start_meter
+from ..errors import LTX25Error
+from .host_frames import DeviceToHost, DirectCopy, HostFrames, host_copier
+from ..files.keymap import Drop, KeyMap, Rename, Split, load_strict
+from ..latents import denormalize_video
+from ...tools.tiny.common import MODEL_VERSION, TINY_DIMS, generator, latent_statistics, randomize_, save_native
+
+TILING_MODES = ("auto", "off", "manual")
+CLASS_NAME = "CausalDiffusionVAE"
+READ_PREFIXES = ("decoder.", "per_channel_statistics.")
+EMIT_FRAMES = 8  # finished frames converted to [0, 1] and copied out per chunk
+
+
+@dataclass(frozen=True)
+class DiffusionVAEConfig:
+    """`config.vae.decoder` (+ `config.vae.model_output_type`) of the file. Every value is read from the file:
+    the reference code's defaults differ from the release (2 steps, timestep ×1, `v` output, other widths)."""
+    in_channels: int                           # 128
+    out_channels: int                          # 3
+    patch_size: int                            # 4
+    head_dim: int                              # 64
+    stage_channels: tuple[int, ...]            # (2048, 1024, 512, 512, 256)
+    stage_depths: tuple[int, ...]              # (4, 6, 4, 2, 8)
+    stage_kernels: tuple[tuple[int, int, int], ...]   # 4 deterministic stages (the file's 5th entry is unused)
+    upsample_strides: tuple[tuple[int, int, int], ...]
+    upsample_reductions: tuple[int, ...]       # (2, 2, 1, 2)
+    stage5_kernel: tuple[int, int, int]        # (11, 11, 11)
+    t_emb_dim: int                             # absent in the file ⇒ 384
+    timestep_scale_multiplier: float           # 1000.0
+    default_num_inference_steps: int           # 1
+    model_output_type: str                     # "x0"
+
+    @classmethod
+    def from_metadata(cls, where: object, metadata: Mapping[str, Any]) -> "DiffusionVAEConfig":
+        root = metadata.get("config")
+        vae = root.get("vae") if isinstance(root, Mapping) else None
+        if not isinstance(vae, Mapping) or vae.get("_class_name") != CLASS_NAME:
+            found = vae.get("_class_name") if isinstance(vae, Mapping) else "absent"
+            raise LTX25Error(where, "config.vae._class_name", found, CLASS_NAME, "This is not a diffusion VAE file.")
+        dec = vae.get("decoder")
+        if not isinstance(dec, Mapping):
+            raise LTX25Error(where, "config.vae.decoder", "absent", "the nested decoder config block")
+
+        def need(block: Mapping | None, key: str, prefix: str) -> Any:
+            if not isinstance(block, Mapping) or key not in block:
+                raise LTX25Error(where, f"{prefix}{key}", "absent", "a value in the file's metadata",
+                                 "The reference code's default differs from the release; refusing to guess.")
+            return block[key]
+
+        def get(key: str) -> Any:
+            return need(dec, key, "config.vae.decoder.")
+
+        def unsupported(key: str, found: Any, expected: Any) -> LTX25Error:
+            return LTX25Error(where, f"config.vae.decoder.{key}", found, expected, "Not an LTX-2.5 diffusion VAE.")
+
+        for key, allowed in (("resampler_kind", "linear"), ("spatial_padding_mode", "zeros")):
+            if key in dec and dec[key] != allowed:
+                raise unsupported(key, dec[key], allowed)
+        channels, depths = tuple(get("stage_channels")), tuple(get("stage_depths"))
+        kernels, upsamples = tuple(tuple(k) for k in get("stage_kernels")), get("upsamples")
+        if len(channels) != 5 or len(depths) != 5 or len(kernels) < 4 or len(upsamples) != 4:
+            raise unsupported("stage lists", (len(channels), len(depths), len(kernels), len(upsamples)),
+                              "5 channels, 5 depths, ≥4 kernels, 4 upsamples")
+        if dec.get("stage5_channels", channels[-1]) != channels[-1]:
+            raise unsupported("stage5_channels", dec["stage5_channels"], f"stage_channels[-1] = {channels[-1]}")
+        output_type = need(vae, "model_output_type", "config.vae.")
+        if output_type not in ("x0", "v"):
+            raise LTX25Error(where, "config.vae.model_output_type", output_type, "'x0' or 'v'")
+        config = cls(get("in_channels"), get("out_channels"), get("patch_size"), get("head_dim"), channels, depths,
+                     kernels[:4], tuple(tuple(s) for s, _ in upsamples), tuple(r for _, r in upsamples),
+                     tuple(get("stage5_kernel")), dec.get("t_emb_dim", 384), float(get("timestep_scale_multiplier")),
+                     int(get("default_num_inference_steps")), output_type)
+        if config.compression != (8, 32):
+            raise unsupported("upsamples × patch_size", config.compression, "(8, 32): the LTX-2.5 latent format")
+        return config
+
+    @property
+    def compression(self) -> tuple[int, int]:
+        t = h = 1
+        for st, sh, _ in self.upsample_strides:
+            t, h = t * st, h * sh
+        return t, h * self.patch_size
+
+    def diffusers_kwargs(self) -> dict:
+        return dict(out_channels=self.out_channels, latent_channels=self.in_channels, patch_size=self.patch_size,
+                    decoder_head_dim=self.head_dim, decoder_stage_channels=self.stage_channels,
+                    decoder_stage_depths=self.stage_depths, decoder_stage_kernels=self.stage_kernels,
+                    decoder_upsample_strides=self.upsample_strides,
+                    decoder_upsample_channel_reductions=self.upsample_reductions,
+                    decoder_stage5_kernel=self.stage5_kernel, decoder_t_emb_dim=self.t_emb_dim,
+                    decoder_timestep_scale_multiplier=self.timestep_scale_multiplier,
+                    decoder_model_output_type=self.model_output_type,
+                    decoder_num_inference_steps=self.default_num_inference_steps,
+                    spatial_compression_ratio=self.compression[1], temporal_compression_ratio=self.compression[0])
+
+    def geometry(self) -> tiling.TilingGeometry:
+        return tiling.TilingGeometry(self.stage_channels, self.stage_kernels, self.stage_depths,
+                                     self.upsample_strides, self.stage5_kernel, self.patch_size)
+
+
+# ---------------------------------------------------------------------------------------------- keys and loading
+KEY_MAP = KeyMap(
+    "diffusion video VAE",
+    renames=(
+        Rename("decoder.t_embedder.mlp.0", "decoder.t_embedder.timestep_embedder.linear_1"),
+        Rename("decoder.t_embedder.mlp.2", "decoder.t_embedder.timestep_embedder.linear_2"),
+        Rename("attn.proj", "attn.to_out.0", anywhere=True),
+        Rename("attn.q_norm", "attn.norm_q", anywhere=True),
+        Rename("attn.k_norm", "attn.norm_k", anywhere=True),
+        Rename("per_channel_statistics.mean-of-means", "latents_mean"),
+        Rename("per_channel_statistics.std-of-means", "latents_std"),
+    ),
+    splits=(Split("qkv", ("to_q", "to_k", "to_v")),),  # fused [3C, C] stored q, k, v in thirds
+    drops=(
+        Drop(r"encoder\..*", "the conv encoder the file bundles: this pack only decodes"),
+        Drop(r"decoder\.type_emb", "unused by every implementation (reference, diffusers, ComfyUI)"),
+        Drop(r"decoder\.coarse_.*", "a bundled preview head (monolith files), not part of the decoder"),
+    ),
+)
+# Legacy files carried static per-block gates; the decoder's residuals are ungated, so each gate is folded
+# (in fp32) into the Linear whose output it scaled. The released 2.5 file has none.
+LEGACY_GATES = {"gate_msa": ("attn.proj",), "gate_mlp": ("mlp.w_down",), "gate_ctx": ("context_proj",)}
+
+
+def fold_legacy_gates(native: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Value op: `W ← g[:, None]·W`, `b ← g·b` for every `decoder.diff_blocks.N.gate_*`, then drop the gate."""
+    out = dict(native)
+    for key in [k for k in native if k.rsplit(".", 1)[-1] in LEGACY_GATES]:
+        block, gate_name = key.rsplit(".", 1)
+        gate = out.pop(key).float()
+        for target in LEGACY_GATES[gate_name]:
+            for leaf, shape in ((".weight", (-1, 1)), (".bias", (-1,))):
+                name = f"{block}.{target}{leaf}"
+                if name in out:
+                    out[name] = (gate.view(shape) * out[name].float()).to(out[name].dtype)
+    return out
+
+
+class DiffusionVAE(torch.nn.Module):
+    """LTX25_VIDEO_VAE for the diffusion decoder: diffusers' model plus the file's config."""
+    kind = "diffusion"
+
+    def __init__(self, model: LTX2VideoDiffusionDecoderModel, config: DiffusionVAEConfig) -> None:
+        super().__init__()
+        self.model, self.config = model, config
+
+    @property
+    def latents_mean(self) -> torch.Tensor:
+        return self.model.latents_mean  # [128] per-channel mean-of-means (the upsampler reads it too)
+
+    @property
+    def latents_std(self) -> torch.Tensor:
+        return self.model.latents_std
+
+
+def load_diffusion_vae(path: str, dtype: torch.dtype = torch.bfloat16) -> DiffusionVAE:
+    """Build the decoder from `ltx-2.5-video-vae-bf16.safetensors` strictly (every decoder key used or dropped)."""
+    info = expect_kind(path, Kind.DIFFUSION_VAE)
+    config = DiffusionVAEConfig.from_metadata(info.path, info.header.metadata)
+    skipped = [k for k in info.header.tensors if not k.startswith(READ_PREFIXES)]
+    unaccounted = [k for k in skipped if KEY_MAP.drop_reason(k) is None]
+    if unaccounted:
+        raise LTX25Error(info.path, "tensors outside decoder.*", ", ".join(sorted(unaccounted)[:5]),
+                         "only the bundled encoder.*", "The file is from another model or damaged.")
+    native = fold_legacy_gates(read_state_dict(info.path, prefixes=READ_PREFIXES))
+    model = load_strict(info.path, lambda: LTX2VideoDiffusionDecoderModel(**config.diffusers_kwargs()),
+                        native, KEY_MAP, dtype)
+    # diffusers installs its flex processor by default; without torch.compile it builds a dense mask.
+    na_attention.install_processor(model, na_attention.SdpaNAProcessor())
+    return DiffusionVAE(model, config)
+
+
+# ---------------------------------------------------------------------------------------------- stage-5 loop
+REFUSED_SCHEDULER_KEYS = {"use_dynamic_shifting": False, "shift": 1.0, "shift_terminal": None,
+                          "use_karras_sigmas": False, "use_exponential_sigmas": False, "use_beta_sigmas": False,
+                          "invert_sigmas": False, "stochastic_sampling": False}
+
+
+def make_stage5_scheduler(config: Mapping[str, Any] | None = None) -> FlowMatchEulerDiscreteScheduler:
+    """A `FlowMatchEulerDiscreteScheduler` that keeps the decoder's sigmas `linspace(1, 1/N, N)` as given.
+    A config that would reshape them (dynamic/static shift, karras…, stochastic) is refused."""
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(dict(config or {}))
+    for key, wanted in REFUSED_SCHEDULER_KEYS.items():
+        if scheduler.config.get(key) != wanted:
+            raise LTX25Error("stage-5 scheduler", f"config {key}", scheduler.config[key], wanted,
+                             "The decoder was trained on sigmas linspace(1, 1/N, N); use "
+                             "FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=False) as is.")
+    return scheduler
+
+
+def run_stage5(predict: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x_t: torch.Tensor, steps: int,
+               output_type: str, scheduler: FlowMatchEulerDiscreteScheduler,
+               on_step: Callable[[], None] | None = None) -> torch.Tensor:
+    """Denoise `x_t` `[B, 3, F, H, W]` from sigma 1 in `steps` Euler steps; `predict(x, sigma)` is the model.
+
+    x0 outputs become velocity `(x − x0)/σ` for the scheduler; the last x0 prediction is returned directly.
+    """
+    scheduler.set_timesteps(sigmas=torch.linspace(1.0, 1.0 / steps, steps).tolist(), device=x_t.device)
+    for i in range(steps):
+        sigma = scheduler.sigmas[i]
+        out = predict(x_t, sigma)
+        if on_step is not None:
+            on_step()
+        if output_type == "x0" and i == steps - 1:
+            return out
+        velocity = out.float() if output_type == "v" else (x_t.float() - out.float()) / sigma
+        x_t = scheduler.step(velocity, scheduler.timesteps[i], x_t.float(), return_dict=False)[0].to(x_t.dtype)
+    return x_t
+
+
+# ---------------------------------------------------------------------------------------------- decode driver
+def stages_1_to_3(decoder, latent: torch.Tensor) -> torch.Tensor:
+    """Latent `[B, C, T, H, W]` (un-normalized, floor-padded) → features before the third upsample,
+    channels-last `[B, T', H', W', C]` with the ghost frames. The third upsample is pointwise, so it runs per
+    tile (`stage4_input`): the resident volume is 1/8 of the stage-4 input."""
+    ghost = decoder.trailing_pad_latent_frames
+    latent = torch.cat([latent, latent[:, :, -1:].expand(-1, -1, ghost, -1, -1)], dim=2)
+    x = decoder.conv_in(latent.permute(0, 2, 3, 4, 1))
+    for i, blocks in enumerate(decoder.det_stages[:-1]):
+        for block in blocks:
+            x = block(x)
+        if i < len(decoder.det_stages) - 2:
+            x = decoder.upsamples[i](x)
+    return x
+
+
+def stage4_input(decoder, pre: torch.Tensor, frames: tuple[int, int], rows: tuple[int, int],
+                 cols: tuple[int, int]) -> torch.Tensor:
+    """`forward_stages_1_to_3(...)[:, t0:t1, h0:h1, w0:w1]`, computed from the pre-upsample slice it needs."""
+    up = decoder.upsamples[-2]
+    st, sh, sw = up.stride
+    lead = 1 if st == 2 else 0  # stage-4 frame j is frame j+1 of the upsample before its leading frame is dropped
+    spans = [(frames[0] + lead, frames[1] + lead, st), (*rows, sh), (*cols, sw)]
+    src = [(a // s, (b - 1) // s + 1) for a, b, s in spans]
+    x = up(pre[:, src[0][0]:src[0][1], src[1][0]:src[1][1], src[2][0]:src[2][1]], drop_leading_frame=False)
+    crop = [slice(a - lo * s, b - lo * s) for (a, b, s), (lo, _) in zip(spans, src)]
+    return x[:, crop[0], crop[1], crop[2]].contiguous()
+
+
+def tile_noise(seed: int, tile: tiling.Tile, batch: int, canvas_hw: tuple[int, int], device: torch.device,
+               dtype: torch.dtype) -> torch.Tensor:
+    """Stage-5 start noise `[B, 3, F, h, w]` for a tile: each canvas frame is drawn whole from a generator
+    seeded by (seed, frame), then cropped — so the noise field never depends on how the video is tiled."""
+    gen = torch.Generator(device)
+    out = torch.empty(batch, 3, *tile.pixel_shape, device=device, dtype=dtype)
+    for i in range(tile.t.length):
+        gen.manual_seed((seed + (tile.t.pixels[0] + i) * 0x9E3779B97F4A7C15) % 2**64)
+        frame = torch.randn(batch, 3, *canvas_hw, generator=gen, device=device, dtype=dtype)
+        out[:, :, i] = frame[:, :, tile.h.pixels[0]:tile.h.pixels[1], tile.w.pixels[0]:tile.w.pixels[1]]
+    return out
+
+
+def memory_model(vae: DiffusionVAE, batch: int = 1,
+                 processor: na_attention.NeighborhoodAttnProcessor | None = None) -> tiling.MemoryModel:
+    param = next(vae.parameters())
+    element = param.element_size()
+    scratch = processor.scratch_bytes(element, param.is_cuda) if processor is not None else 0
+    fused = processor is not None and processor.fused_block
+    return tiling.MemoryModel(element_bytes=element, accumulator_bytes=2 if element == 2 else element, batch=batch,
+                              processor_scratch=scratch,
+                              stage5_coef=tiling.FUSED_STAGE5_COEF if fused else tiling.DIFFUSERS_STAGE5_COEF)
+
+
+def decode_memory_estimate(vae: DiffusionVAE, latent_shape: tuple[int, ...]) -> int:
+    """Bytes an untiled decode of `[B, 128, T, H, W]` needs beyond the weights: what model management is asked
+    to free before the decode (auto tiling then plans within whatever is actually free). No processor is known
+    yet, so diffusers' block's larger working set is assumed: model management frees a little more than a fused
+    decode uses, never less."""
+    schedule = tiling.build_schedule(vae.config.geometry(), tuple(latent_shape[2:]))
+    return memory_model(vae, latent_shape[0]).estimate(schedule)
+
+
+def plan(vae: DiffusionVAE, latent_thw: tuple[int, int, int], tiling_mode: str = "auto",
+         tile_frames: int | None = None, tile_pixels: int | None = None, budget_bytes: int | None = None,
+         batch: int = 1, processor: na_attention.NeighborhoodAttnProcessor | None = None) -> tiling.TileSchedule:
+    """The tile schedule a decode of `latent_thw` will use (`off` = one tile, `manual`, `auto` from a budget)."""
+    geometry = vae.config.geometry()
+    if tiling_mode == "off":
+        return tiling.build_schedule(geometry, latent_thw)
+    if tiling_mode == "manual":
+        return tiling.build_schedule(geometry, latent_thw, tile_frames, tile_pixels)
+    if tiling_mode != "auto":
+        raise LTX25Error("tiling", "the mode", repr(tiling_mode), " / ".join(TILING_MODES))
+    device = next(vae.parameters()).device
+    budget = free_bytes(device) if budget_bytes is None else budget_bytes
+    return tiling.plan_auto(geometry, latent_thw, budget, memory_model(vae, batch, processor))
+
+
+def decode(vae: DiffusionVAE, latent: torch.Tensor, *,
+           processor: str | na_attention.NeighborhoodAttnProcessor = "auto", steps: int = 0, seed: int = 0,
+           tiling_mode: str = "auto", tile_frames: int | None = None, tile_pixels: int | None = None,
+           budget_bytes: int | None = None, scheduler_config: Mapping[str, Any] | None = None,
+           on_step: Callable[[int, int], None] | None = None,
+           out_device: torch.device | str = "cpu") -> tuple[torch.Tensor, DecodeStats]:
+    """Normalized latent `[B, 128, T, H, W]` → frames `[B·F, H·32, W·32, 3]` float in [0, 1] on `out_device`.
+
+    `processor`: a name from `na_attention.PROCESSORS` or a processor instance. `steps` 0 = the file's default
+    (1). `budget_bytes`: activation memory `auto` tiling may plan for (None = the free device memory).
+    `on_step(done, total)` runs after every tile×step (progress; raising stops the decode).
+    """
+    config = vae.config
+    if latent.ndim != 5 or latent.shape[1] != config.in_channels:
+        raise LTX25Error("latent", "the shape", tuple(latent.shape), f"[B, {config.in_channels}, T, H, W]")
+    steps = steps or config.default_num_inference_steps
+    if steps < 1:
+        raise LTX25Error("steps", "the value", steps, "≥ 1 (0 = the file's default)")
+    device = next(vae.parameters()).device
+    proc = processor if isinstance(processor, na_attention.NeighborhoodAttnProcessor) else \
+        na_attention.make_processor(processor, device)
+    na_attention.install_processor(vae.model, proc)
+    fused_block.use_fused_blocks(vae.model, proc.fused_block)
+    schedule = plan(vae, tuple(latent.shape[2:]), tiling_mode, tile_frames, tile_pixels, budget_bytes, latent.shape[0],
+                    proc)
+    run = _Decode(vae, schedule, schedule.tiles(), make_stage5_scheduler(scheduler_config), steps, seed, on_step)
+    meter = start_meter(device)
+    work: dict[str, torch.Tensor] = {}  # every tensor of the decode lives here or in a callee's frame
+    try:
+        with torch.inference_mode():
+            run.decode_into(work, latent, out_device)
+    except BaseException as error:
+        work.clear()
+        # A traceback keeps every frame's locals (tile context, noise, predictions) alive as long as the exception
+        # lives (in ComfyUI: until the next prompt); an interrupt or OOM must hand the memory back now.
+        traceback.clear_frames(error.__traceback__)
+        raise
+    frames = work.pop("out")
+    seconds, peak = meter()
+    stats = DecodeStats(
+        decoder="diffusion", seconds=seconds, peak_memory_bytes=peak,
+        tile_count=len(run.tiles), tile_sizes=tuple(t.pixel_shape for t in run.tiles),
+        processor=proc.name + (f" ({proc.backend})" if getattr(proc, "backend", "") else ""), steps=steps,
+        extra={"tiling": tiling_mode, "grid": schedule.grid, "overlap": schedule.overlap,
+               "requested_processor": str(processor), "budget_bytes": budget_bytes})
+    return frames.reshape(-1, *frames.shape[2:]), stats
+
+
+@dataclass
+class _Decode:
+    """One decode: the schedule and loop state; `decode_into` keeps its tensors in `work` or its own frames."""
+    vae: DiffusionVAE
+    schedule: tiling.TileSchedule
+    tiles: list[tiling.Tile]
+    scheduler: FlowMatchEulerDiscreteScheduler
+    steps: int
+    seed: int
+    on_step: Callable[[int, int], None] | None
+    done: int = 0
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.on_step is not None:
+            self.on_step(self.done, len(self.tiles) * self.steps)
+
+    def decode_into(self, work: dict[str, torch.Tensor], latent: torch.Tensor, out_device) -> None:
+        """The decode's frames into `work["out"]` `[B, F, H, W, 3]` on `out_device` (see `_decode_groups`)."""
+        device, batch = next(self.vae.parameters()).device, latent.shape[0]
+        frames, rows, cols = self.schedule.content
+        shape = (batch, frames.stop, rows.stop - rows.start, cols.stop - cols.start, 3)
+        on_host = torch.device(out_device).type == "cpu"
+        host = HostFrames(shape, prefault=device.type != "cpu") if on_host else None
+        work["out"] = torch.empty(0) if on_host else torch.empty(shape, device=out_device)
+        # frames leave through pinned staging on a side stream: a plain copy into pageable memory ran at 12 GB/s
+        # (46 ms of a 0.67 s decode at 768×512×121, the device idle meanwhile)
+        copier = host_copier(device, staged=on_host)
+        try:
+            self._decode_groups(work, latent, host, copier)
+        finally:
+            copier.finish()
+
+    def _decode_groups(self, work: dict[str, torch.Tensor], latent: torch.Tensor, host: HostFrames | None,
+                       copier: DeviceToHost | DirectCopy) -> None:
+        """Stages 1-3 once; per temporal group: stage 4-5 per tile, blended into the group buffer; finished frames
+        (up to the next group's start) go to `work["out"]`, the overlapping tail waits as a stub for the next."""
+        vae, schedule = self.vae, self.schedule
+        decoder, param = vae.model.decoder, next(vae.parameters())
+        device, dtype, batch = param.device, param.dtype, latent.shape[0]
+        acc_dtype = torch.float16 if dtype == torch.bfloat16 else dtype  # bf16's 8-bit mantissa would band blends
+        frames, rows, cols = schedule.content
+        _, height, width = schedule.canvas
+        z = denormalize_video(latent, vae.latents_mean, vae.latents_std, device)
+        t_pad, top, left = schedule.latent_pad
+        bottom, right = schedule.work_thw[1] - latent.shape[3] - top, schedule.work_thw[2] - latent.shape[4] - left
+        if t_pad or top or bottom or left or right:  # frames repeat the last; rows/columns edge-replicate
+            z = F.pad(z, (left, right, top, bottom, 0, t_pad), mode="replicate")
+        work["pre"] = stages_1_to_3(decoder, z.to(dtype))
+        del z
+        for span, (emit0, emit1) in schedule.groups():
+            work["acc"] = torch.zeros(batch, 3, span.length, height, width, device=device, dtype=acc_dtype)
+            for tile in (t for t in self.tiles if t.t == span):
+                x0 = self.tile(decoder, work["pre"], tile, (height, width))
+                # built on the device: the product is a canvas-sized float32 tensor (190 MB at 768×512×121),
+                # whose copy from pageable memory took 22 ms
+                weight = (tile.t.weights().to(device)[:, None, None] * tile.h.weights().to(device)[None, :, None]
+                          * tile.w.weights().to(device)[None, None, :])
+                work["acc"][:, :, :, tile.h.pixels[0]:tile.h.pixels[1], tile.w.pixels[0]:tile.w.pixels[1]].addcmul_(
+                    x0, weight)
+                del x0, weight
+            if "stub" in work:  # the previous group's tail: the other half of this group's leading ramp
+                work["acc"][:, :, :work["stub"].shape[2]] += work.pop("stub")
+            if emit1 < span.pixels[1]:
+                work["stub"] = work["acc"][:, :, emit1 - emit0:].clone()
+            if host is not None:
+                work["out"] = host.ready()
+            for f0 in range(emit0, min(emit1, frames.stop), EMIT_FRAMES):  # small chunks: no fp32 group copy
+                f1 = min(f0 + EMIT_FRAMES, emit1, frames.stop)
+                rgb = work["acc"][:, :, f0 - emit0:f1 - emit0, rows, cols].permute(0, 2, 3, 4, 1).to(
+                    torch.float32, memory_format=torch.contiguous_format).add_(1).div_(2).clamp_(0, 1)
+                for item in range(batch):
+                    copier.copy(work["out"][item, f0:f1], rgb[item])
+            del work["acc"]
+        del work["pre"]
+
+    def tile(self, decoder, pre: torch.Tensor, tile: tiling.Tile, canvas_hw: tuple[int, int]) -> torch.Tensor:
+        """Stage 4 + stage 5 on one tile → pixels `[B, 3, F, h, w]`."""
+        features = stage4_input(decoder, pre, tile.feature_frames, tile.h.cells, tile.w.cells)
+        context = decoder.forward_stage_4(features, drop_leading_frame=tile.is_origin, crop_trailing_ghost=False)
+        del features
+        context = context[:, :tile.t.length]  # the trailing tile's ghost frames go
+        batch = context.shape[0]
+        x_t = tile_noise(self.seed, tile, batch, canvas_hw, context.device, context.dtype)
+        return run_stage5(lambda x, s: decoder.forward_diffusion_step(context, x, s.expand(batch)), x_t, self.steps,
+                          self.vae.config.model_output_type, self.scheduler, self.tick)
+
+
+# ---------------------------------------------------------------------------------------------- tiny asset
+TINY_DECODER = {
+    "in_channels": TINY_DIMS["latent_channels"], "out_channels": 3, "patch_size": 4, "head_dim": 16,
+    "stage_channels": [256, 128, 64, 64, 32], "stage_depths": [1, 1, 1, 1, 1],
+    # kernels of 3 keep the receptive field small, so the reference tiling rules (halo = depth·(k//2), overlap =
+    # halo rounded to the latent grid, floors) scale down to a few cells and tiled tests stay tiny
+    "stage_kernels": [[3, 3, 3]] * 5, "upsamples": [[[1, 2, 2], 2], [[2, 1, 1], 2], [[2, 2, 2], 1], [[2, 2, 2], 2]],
+    "stage5_kernel": [3, 3, 3], "timestep_scale_multiplier": 1000.0, "default_num_inference_steps": 1,
+    "resampler_kind": "linear", "spatial_padding_mode": "zeros",
+}
+TINY_ENCODER = {"in_channels": 3, "out_channels": TINY_DIMS["latent_channels"], "patch_size": 4, "dims": 3,
+                "norm_layer": "pixel_norm", "latent_log_var": "constant", "spatial_padding_mode": "zeros",
+                "blocks": [["res_x", {"num_layers": 1}], ["compress_all_res", {"multiplier": 2}],
+                           ["res_x", {"num_layers": 1}]]}
+
+
+def _tiny_encoder(seed: int) -> dict[str, torch.Tensor]:
+    """A stand-in for the bundled conv encoder (dropped on load): real key names, tiny shapes."""
+    g = generator(seed, "diffusion_vae.encoder")
+    shapes = {"encoder.conv_in.conv.weight": (16, 48, 3, 3, 3), "encoder.conv_in.conv.bias": (16,),
+              "encoder.down_blocks.0.res_blocks.0.conv1.conv.weight": (16, 16, 3, 3, 3),
+              "encoder.down_blocks.0.res_blocks.0.conv2.conv.weight": (16, 16, 3, 3, 3),
+              "encoder.down_blocks.1.conv.conv.weight": (4, 16, 3, 3, 3),
+              "encoder.conv_out.conv.weight": (TINY_DIMS["latent_channels"] + 1, 32, 3, 3, 3)}
+    return {k: torch.randn(s, generator=g) * 0.02 for k, s in shapes.items()}
+
+
+def write_tiny(path: str, seed: int) -> str:
+    """A tiny diffusion-VAE file in the exact native layout (fused qkv, `attn.proj`, `t_embedder.mlp`,
+    `type_emb`, bundled `encoder.*`, per-channel statistics, nested `config.vae` metadata)."""
+    metadata = {"config": {"vae": {"_class_name": CLASS_NAME, "encoder": TINY_ENCODER, "decoder": TINY_DECODER,
+                                   "model_output_type": "x0"}},
+                "model_version": MODEL_VERSION}
+    config = DiffusionVAEConfig.from_metadata(path, metadata)
+    model = randomize_(LTX2VideoDiffusionDecoderModel(**config.diffusers_kwargs()), seed, "diffusion_vae", 0.1)
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("latents_")}
+    tensors = KEY_MAP.to_native(state)
+    mean, std = latent_statistics(seed)
+    tensors["per_channel_statistics.mean-of-means"], tensors["per_channel_statistics.std-of-means"] = mean, std
+    tensors["decoder.type_emb"] = torch.randn(config.in_channels, generator=generator(seed, "diffusion_vae.type"))
+    tensors.update(_tiny_encoder(seed))
+    return save_native(path, tensors, metadata)

@@ -1,0 +1,199 @@
+"""The sampler's denoiser, eager or accelerated: the x0 of `transformer.denoise`, with the DiT forward replayed from a
+CUDA graph per latent shape and/or its transformer blocks compiled (diffusers' regional compilation).
+
+Measured on one H200, 22B in bf16, seconds per step stage 1 / stage 2 and the whole 8 + 3 step sampling
+(docs/PERFORMANCE.md, `bench/bench_transformer.py`, which runs these same denoisers):
+- eager 0.36 / 0.49 (3.5 s): stage 1 is launch-bound (~15k kernel launches for 48 TFLOP);
+- cuda_graph 0.135 / 0.478 (2.5 s), bit-identical to eager (the same kernels, replayed);
+- compile_cuda_graph with cuDNN attention 0.094 / 0.353 (1.85 s), plus ~30 s of compilation on first use; x0 moves by
+  bf16 rounding (max |Δ| 0.13 vs eager, the size of the diffusers-vs-ours difference).
+
+Graphs: one per (latent shapes, fps, context shapes, weights' dtype/device, mode), cached on the model object (so they
+go when it is garbage-collected). Inputs are copied into static buffers every call — latent tokens, σ AND the text
+context — so a new prompt replays the same graph. The weights' addresses are the cache's signature: when model
+management offloads and reloads the model, the next factory call drops the stale graphs. All graphs of a model share
+one memory pool: they never run concurrently and each output is consumed before the next replay.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ..errors import LTX25Error
+from .positions import patchify_audio, patchify_video
+
+DenoiseFn = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Mode:
+    graph: bool             # replay the DiT forward from a CUDA graph (CUDA only)
+    compile: bool           # torch.compile each transformer block (once per model)
+    attention: str | None   # diffusers attention backend, entered around each call (nothing is left set on the model)
+
+
+MODES = {
+    "eager": Mode(graph=False, compile=False, attention=None),
+    "compile": Mode(graph=False, compile=True, attention=None),
+    "cuda_graph": Mode(graph=True, compile=False, attention=None),
+    "compile_cuda_graph": Mode(graph=True, compile=True, attention="_native_cudnn"),  # the measured 1.85 s setting
+}
+ACCELERATIONS = ("auto", "eager", "cuda_graph", "compile_cuda_graph")  # the sampler node's choices
+WARMUP_CALLS = 2   # before a capture: allocator, cuBLAS handles, lazy inits and (compile) the compilation itself
+MAX_GRAPHS = 8     # per model; beyond it the cache starts over (a two-stage workflow uses two shapes)
+
+
+def resolve_mode(mode: str, device: torch.device) -> str:
+    """'auto' → 'cuda_graph' on a CUDA device, 'eager' elsewhere; an explicit graph mode off CUDA is refused."""
+    if mode == "auto":
+        return "cuda_graph" if device.type == "cuda" else "eager"
+    if mode not in MODES:
+        raise LTX25Error("acceleration", "the mode", repr(mode), " / ".join(("auto", *MODES)))
+    if MODES[mode].graph and device.type != "cuda":
+        raise LTX25Error("acceleration", f"'{mode}' with the model on", str(device), "a CUDA device",
+                         "CUDA graphs need a CUDA GPU. Choose 'auto' (eager off CUDA) or 'eager'.")
+    return mode
+
+
+def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto") -> DenoiseFn:
+    """`(video [B,128,F',H',W'], audio [B,8,T,16], σ) → (x0 video, x0 audio)` float32 on the inputs' devices, for
+    `model` (`LTX25Transformer`) with `cond` (`Conditioning`) at `fps`; `mode` is 'auto' or a key of `MODES`.
+
+    A denoiser sets the model's compiled state and attention backend for its own calls (graph modes: for their
+    captures), so denoisers of different modes on one model do not disturb each other."""
+    spec = MODES[resolve_mode(mode, next(model.parameters()).device)]
+    if spec.graph:
+        denoise = _graph_denoiser(model, cond, fps, spec)
+    else:
+        # Imported on use, like sampling.py: tests stand a fake in for `nodes.ltx.dit.transformer`.
+        from .transformer import denoise as eager_denoise
+
+        def denoise(video: torch.Tensor, audio: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+            _set_compiled(model, spec.compile)
+            return eager_denoise(model, video, audio, sigma, cond, fps)
+
+    if spec.attention is None:
+        return denoise
+    from diffusers.models.attention_dispatch import attention_backend
+
+    def with_backend(video: torch.Tensor, audio: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+        with attention_backend(spec.attention):
+            return denoise(video, audio, sigma)
+    return with_backend
+
+
+def release(model: torch.nn.Module) -> None:
+    """Drop the model's CUDA graphs and their memory pool now (they otherwise live as long as the model), and the
+    per-shape positions and device copy of the last conditioning that `transformer.denoise` caches."""
+    vars(model).pop("_ltx25_graphs", None)
+    model.release_caches()
+
+
+# ---------------------------------------------------------------------------------------------------- compilation
+def _set_compiled(model: torch.nn.Module, on: bool) -> None:
+    """Compile the DiT's repeated blocks once per model (`compile_repeated_blocks`, kept as diffusers makes it);
+    `on=False` runs them eagerly again without discarding the compiled code (`Module.compile` only sets
+    `_compiled_call_impl`, which `Module.__call__` prefers when present)."""
+    compiled = vars(model).get("_ltx25_compiled")
+    if compiled is None:
+        if not on:
+            return
+        model.dit.compile_repeated_blocks(fullgraph=False)
+        compiled = model._ltx25_compiled = [(m, m._compiled_call_impl) for m in model.dit.modules()
+                                            if getattr(m, "_compiled_call_impl", None) is not None]
+    for module, impl in compiled:
+        module._compiled_call_impl = impl if on else None
+
+
+# ---------------------------------------------------------------------------------------------------- CUDA graphs
+@dataclass
+class _Graph:
+    replay: Callable[[], tuple[torch.Tensor, torch.Tensor]]  # → the static velocity outputs
+    video_tokens: torch.Tensor      # [B, N, 128] static inputs, weights' dtype
+    audio_tokens: torch.Tensor      # [B, T, 128]
+    sigma: torch.Tensor             # [B] float32
+    context: tuple[torch.Tensor, ...]
+    grid: Any                       # the positions the graph reads: held so their memory stays theirs
+
+
+@dataclass
+class _GraphCache:
+    signature: tuple[int, ...]      # data_ptr of every DiT weight when the graphs were captured
+    graphs: dict[tuple, _Graph] = field(default_factory=dict)
+    pool: Any = None                # the shared memory pool, made by the first capture
+
+
+def _weights_signature(model: torch.nn.Module) -> tuple[int, ...]:
+    return tuple(t.data_ptr() for t in (*model.dit.parameters(), *model.dit.buffers()))
+
+
+def _graph_cache(model: torch.nn.Module) -> _GraphCache:
+    """The model's cache, emptied when its weights have moved since the capture (a graph replays fixed addresses)."""
+    signature = _weights_signature(model)
+    cache = vars(model).get("_ltx25_graphs")
+    if cache is None or cache.signature != signature:
+        cache = model._ltx25_graphs = _GraphCache(signature)
+    return cache
+
+
+def _record(forward: Callable[[], Any], cache: _GraphCache, device: torch.device) -> Callable[[], Any]:
+    """Capture `forward()` in a CUDA graph on `device`, in the cache's pool → `replay()` returning its (static)
+    outputs."""
+    with torch.cuda.device(device):  # streams and capture on the model's GPU, whichever is current
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up off the capturing stream, as torch's CUDA-graph notes prescribe
+            for _ in range(WARMUP_CALLS):
+                forward()
+        torch.cuda.current_stream().wait_stream(stream)
+        cache.pool = cache.pool or torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: CUDA work of another thread (ComfyUI's server, previews) must not invalidate this capture.
+        with torch.cuda.graph(graph, pool=cache.pool, capture_error_mode="thread_local"):
+            outputs = forward()
+
+    def replay() -> Any:
+        graph.replay()
+        return outputs
+    return replay
+
+
+def _capture(model: torch.nn.Module, video: torch.Tensor, audio: torch.Tensor, cond, fps: float,
+             cache: _GraphCache) -> _Graph:
+    from .transformer import velocity
+    weight = model.dit.proj_in.weight
+    b, _, f, h, w = video.shape
+    grid = model.grid(b, f, h, w, audio.shape[2], fps, weight.device)
+    context = tuple(t.clone() for t in model.context(cond, weight.device, weight.dtype))
+    video_tokens = patchify_video(video).to(weight.device, weight.dtype).clone()
+    audio_tokens = patchify_audio(audio).to(weight.device, weight.dtype).clone()
+    sigma = torch.zeros(b, dtype=torch.float32, device=weight.device)
+    replay = _record(lambda: velocity(model, video_tokens, audio_tokens, sigma, context, grid), cache, weight.device)
+    return _Graph(replay, video_tokens, audio_tokens, sigma, context, grid)
+
+
+def _graph_denoiser(model: torch.nn.Module, cond, fps: float, spec: Mode) -> DenoiseFn:
+    from .transformer import check_denoise_inputs, x0_from_velocity
+    cache, weight = _graph_cache(model), model.dit.proj_in.weight
+
+    def denoise(video: torch.Tensor, audio: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+        check_denoise_inputs(model.config, video, audio, cond)
+        with torch.inference_mode():
+            key = (tuple(video.shape), tuple(audio.shape), float(fps), tuple(cond.video.shape),
+                   tuple(cond.audio.shape), weight.dtype, str(weight.device), spec)
+            if key not in cache.graphs:
+                if len(cache.graphs) >= MAX_GRAPHS:
+                    cache.graphs.clear()
+                _set_compiled(model, spec.compile)
+                cache.graphs[key] = _capture(model, video, audio, cond, fps, cache)
+            graph = cache.graphs[key]
+            graph.video_tokens.copy_(patchify_video(video))
+            graph.audio_tokens.copy_(patchify_audio(audio))
+            graph.sigma.fill_(float(sigma))
+            for static, value in zip(graph.context, model.context(cond, weight.device, weight.dtype)):
+                static.copy_(value)
+            v, a = graph.replay()
+            return x0_from_velocity(video, audio, v, a, sigma, weight.device)
+    return denoise

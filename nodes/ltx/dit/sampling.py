@@ -1,0 +1,218 @@
+"""Distilled sampling of the joint audio+video latents (ltx25.md §7): sigma schedules, the Euler and
+Euler-ancestral steps, and the stage loop. One denoiser forward per step (distilled models take no CFG).
+
+Noise (all drawn in float32 on a CPU `torch.Generator`, then moved to the latents' device, so a seed gives the same
+video on every device; the reference draws on the GPU, so its bits differ from ours but not its distribution):
+- main generator `manual_seed(seed)`: one `randn` per modality, video then audio; the latents are set to
+  `lerp(latent, noise, sigmas[0])` (stage 1: zero latents, 1.0 → pure noise; stage 2: the upsampled video AND the
+  stage-1 audio, 0.909375; a custom schedule re-noises to its own first sigma). The reference runs both stages
+  on one generator, so stage 2 first skips the draws stage 1 made (video at half the size, the same audio): with
+  the same seed on both sampler nodes, stage 2 gets fresh noise rather than a re-read of stage 1's.
+- ancestral generator `manual_seed(seed + 10000)`: one `randn` per modality per step, video then audio.
+Stage 1 of LTX-2.5 (`model_version >= 2.5`) is Euler-ancestral (eta 1); older models and every stage 2 use Euler.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+
+from .accelerated_denoise import make_denoiser
+from ..files.assets import model_version_tuple
+from ..errors import LTX25Error
+from ..latents import UPSAMPLE_FACTOR
+
+DISTILLED_SIGMAS = (1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875, 0.0)  # stage 1, 8 steps
+STAGE2_SIGMAS = (0.909375, 0.725, 0.421875, 0.0)                                          # stage 2, 3 steps
+ANCESTRAL_SEED_OFFSET = 10000
+ANCESTRAL_SINCE = (2, 5)  # model_version from which the distilled stage 1 is Euler-ancestral
+SAMPLERS = ("auto", "euler", "euler_ancestral")
+
+DenoiseFn = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+OnStep = Callable[[int, int], None]
+
+
+# ---------------------------------------------------------------------------------------------------- schedules
+def default_sigmas(stage: int) -> tuple[float, ...]:
+    return DISTILLED_SIGMAS if stage == 1 else STAGE2_SIGMAS
+
+
+def check_sigmas(sigmas: Sequence[float], where: str = "sigmas") -> tuple[float, ...]:
+    """A schedule is ≥ 2 values, strictly decreasing, starting in (0, 1], ending at exactly 0."""
+    sigmas = tuple(float(s) for s in sigmas)
+    if len(sigmas) < 2:
+        raise LTX25Error(where, "the number of sigmas", len(sigmas), "at least 2 (one step: e.g. '1.0, 0.0')")
+    if not 0 < sigmas[0] <= 1:
+        raise LTX25Error(where, "the first sigma", sigmas[0], "in (0, 1] (1.0 = pure noise)")
+    if sigmas[-1] != 0:
+        raise LTX25Error(where, "the last sigma", sigmas[-1], "0.0", "The schedule must end on the clean latent.")
+    for i, (a, b) in enumerate(zip(sigmas, sigmas[1:])):
+        if not b < a:
+            raise LTX25Error(where, f"sigma {i + 1} ({b}) after {a}", "not smaller", "a strictly decreasing list")
+    return sigmas
+
+
+def parse_sigmas(text: str, where: str = "sigmas") -> tuple[float, ...] | None:
+    """'1.0, 0.99, …, 0.0' (commas and/or spaces) → checked tuple; blank → None (use the default schedule)."""
+    parts = [p for p in text.replace(",", " ").split()]
+    if not parts:
+        return None
+    values = []
+    for part in parts:
+        try:
+            value = float(part)
+        except ValueError:
+            raise LTX25Error(where, "the entry", repr(part), "a number (a comma-separated list like '0.9, 0.5, 0.0')")
+        if not math.isfinite(value):
+            raise LTX25Error(where, "the entry", repr(part), "a finite number")
+        values.append(value)
+    return check_sigmas(values, where)
+
+
+def resolve_sampler(choice: str, stage: int, model_version: str | None) -> str:
+    """'auto' → Euler-ancestral for stage 1 of `model_version >= 2.5`, Euler otherwise; an explicit choice wins."""
+    if choice not in SAMPLERS:
+        raise LTX25Error("sampler", "the sampler", repr(choice), " / ".join(SAMPLERS))
+    if choice != "auto":
+        return choice
+    return "euler_ancestral" if stage == 1 and model_version_tuple(model_version) >= ANCESTRAL_SINCE else "euler"
+
+
+def check_cfg(cfg: float, model_name: str, where: str = "cfg") -> None:
+    """Distilled checkpoints are trained for one unguided forward per step, so CFG ≠ 1 is refused.
+
+    Dev and distilled files have identical metadata and keys (ltx25.md §1), so "distilled" is read from the file
+    name. A file without that hint is still sampled with one forward per step: this node has no negative prompt
+    and so no CFG path either way."""
+    if cfg == 1.0:
+        return
+    if "distilled" in model_name.lower():
+        raise LTX25Error(where, "cfg", cfg, "1.0",
+                         f"{model_name} is a distilled model (by its file name): distilled models take no CFG.")
+    raise LTX25Error(where, "cfg", cfg, "1.0", "This sampler runs one unguided forward per step; it has no CFG.")
+
+
+# ---------------------------------------------------------------------------------------------------- steps
+def euler_step(x: torch.Tensor, x0: torch.Tensor, sigma: float, sigma_next: float) -> torch.Tensor:
+    """Deterministic flow Euler in fp32: `v = (x - x0)/σ`, `x + v·(σ_next - σ)`; returned in `x`'s dtype."""
+    xf = x.float()
+    velocity = (xf - x0.float()) / sigma
+    return (xf + velocity * (sigma_next - sigma)).to(x.dtype)
+
+
+def ancestral_step(x: torch.Tensor, x0: torch.Tensor, sigma: float, sigma_next: float,
+                   noise: torch.Tensor | None) -> torch.Tensor:
+    """Rectified-flow Euler-ancestral with eta 1 (ltx25.md §7), fp32, returned in `x`'s dtype.
+
+    σ_down = σ_next²/σ; x' = (σ_down/σ)·x + (1 - σ_down/σ)·x0; then x' is rescaled to the σ_next level and fresh
+    noise makes up the variance: `x_next = (1-σ_next)/(1-σ_down)·x' + noise·sqrt(σ_next² - σ_down²(1-σ_next)²/(1-σ_down)²)`.
+    At σ_next = 0 the result is x0 itself (no noise is drawn for that step: `noise` may be None).
+    """
+    if sigma_next == 0:
+        return x0.to(x.dtype)
+    sigma_down = sigma_next**2 / sigma
+    ratio = sigma_down / sigma
+    x_down = ratio * x.float() + (1 - ratio) * x0.float()
+    alpha = (1 - sigma_next) / (1 - sigma_down)
+    noise_std = math.sqrt(max(sigma_next**2 - sigma_down**2 * alpha**2, 0.0))
+    return (alpha * x_down + noise_std * noise.float()).to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------- noise
+def _randn(shape: Sequence[int], generator: torch.Generator, like: torch.Tensor) -> torch.Tensor:
+    return torch.randn(tuple(shape), generator=generator, dtype=torch.float32).to(like.device, like.dtype)
+
+
+def _stage1_shapes(video: torch.Tensor, audio: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes the reference's stage 1 drew before this stage 2: the video at 1/2 size, the same audio."""
+    b, c, f, h, w = video.shape
+    return (b, c, f, h // UPSAMPLE_FACTOR, w // UPSAMPLE_FACTOR), tuple(audio.shape)
+
+
+def initial_noise(video: torch.Tensor, audio: torch.Tensor, seed: int, stage: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The main generator's noise for the start of `stage`: video then audio (stage 2 skips stage 1's draws)."""
+    generator = torch.Generator().manual_seed(seed % 2**64)
+    if stage == 2:
+        for shape in _stage1_shapes(video, audio):
+            torch.randn(shape, generator=generator, dtype=torch.float32)
+    return _randn(video.shape, generator, video), _randn(audio.shape, generator, audio)
+
+
+# ---------------------------------------------------------------------------------------------------- the loop
+def sample_stage(denoise_fn: DenoiseFn, video: torch.Tensor, audio: torch.Tensor, sigmas: Sequence[float],
+                 sampler: str, seed: int, stage: int, on_step: OnStep | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Noise the latents to `sigmas[0]`, then one `denoise_fn(video, audio, σ) → (x0_video, x0_audio)` per step.
+
+    video: `[B, 128, F', H', W']`, audio: `[B, 8, T, 16]` (normalized latents; stage 1: zeros). `sampler` is
+    'euler' or 'euler_ancestral' (see `resolve_sampler`). Returns the sampled latents in the inputs' dtype/device.
+    """
+    sigmas = check_sigmas(sigmas)
+    if sampler not in ("euler", "euler_ancestral"):
+        raise LTX25Error("sampler", "the resolved sampler", repr(sampler), "'euler' or 'euler_ancestral'")
+    with torch.inference_mode():
+        noise_video, noise_audio = initial_noise(video, audio, seed, stage)
+        video = torch.lerp(video, noise_video, sigmas[0])
+        audio = torch.lerp(audio, noise_audio, sigmas[0])
+        ancestral = torch.Generator().manual_seed((seed + ANCESTRAL_SEED_OFFSET) % 2**64)
+        steps = len(sigmas) - 1
+        for i, (sigma, sigma_next) in enumerate(zip(sigmas, sigmas[1:])):
+            x0_video, x0_audio = denoise_fn(video, audio, sigma)
+            if sampler == "euler":
+                video = euler_step(video, x0_video, sigma, sigma_next)
+                audio = euler_step(audio, x0_audio, sigma, sigma_next)
+            else:
+                drawn = (None, None) if sigma_next == 0 else \
+                    (_randn(video.shape, ancestral, video), _randn(audio.shape, ancestral, audio))
+                video = ancestral_step(video, x0_video, sigma, sigma_next, drawn[0])
+                audio = ancestral_step(audio, x0_audio, sigma, sigma_next, drawn[1])
+            if on_step is not None:
+                on_step(i + 1, steps)
+    return video, audio
+
+
+REAL_WIDTHS = (4096, 2048)  # LTX-2.5 video / audio stream widths (32×128, 32×64)
+
+
+def stream_widths(model: torch.nn.Module) -> tuple[int, int]:
+    """(video, audio) stream widths from the transformer's config (`TransformerConfig`); the real 2.5 widths for a
+    module without one (an over-estimate is the safe side of a memory estimate)."""
+    config = getattr(model, "config", None)
+    if all(hasattr(config, name) for name in ("heads", "head_dim", "audio_heads", "audio_head_dim")):
+        return config.heads * config.head_dim, config.audio_heads * config.audio_head_dim
+    return REAL_WIDTHS
+
+
+def activation_memory_bytes(model: torch.nn.Module, video_shape: Sequence[int], audio_shape: Sequence[int],
+                            context_tokens: int = 1024) -> int:
+    """Working memory of one DiT forward: tokens × width × ~16 live values (q/k/v, attention out, the 4× FF hidden,
+    residuals) for both streams and their 1024-token text contexts, at the weights' element size."""
+    (video_width, audio_width), itemsize = stream_widths(model), next(model.parameters()).element_size()
+    b, _, f, h, w = video_shape
+    return b * ((f * h * w + context_tokens) * video_width + (audio_shape[2] + context_tokens) * audio_width) \
+        * 16 * itemsize
+
+
+def sample_distilled(model: torch.nn.Module, conditioning, video: torch.Tensor, audio: torch.Tensor, *, fps: float,
+                     seed: int, stage: int, sampler: str = "auto", sigmas: Sequence[float] | None = None,
+                     on_step: OnStep | None = None, output_device: torch.device | None = None,
+                     acceleration: str = "auto", denoise: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One distilled stage with the LTX-2.5 transformer: `model` (carries `.model_version`), `conditioning`
+    (`Conditioning`), video `[B,128,F',H',W']` + audio `[B,8,T,16]` at `fps` → sampled latents on `output_device`
+    (default: where they came from). The denoiser comes from `accelerated_denoise.make_denoiser(…, acceleration)`;
+    `denoise(model, video, audio, sigma, cond, fps)` replaces it (tests)."""
+    if stage not in (1, 2):
+        raise LTX25Error("stage", "the stage", stage, "1 or 2")
+    out_device = output_device or video.device
+    device = next(model.parameters()).device
+    video, audio = video.to(device), audio.to(device)
+    if denoise is None:
+        denoise_fn = make_denoiser(model, conditioning, fps, acceleration)
+    else:
+        def denoise_fn(v: torch.Tensor, a: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+            return denoise(model, v, a, sigma, conditioning, fps)
+
+    chosen = resolve_sampler(sampler, stage, model.model_version)
+    video, audio = sample_stage(denoise_fn, video, audio, sigmas or default_sigmas(stage), chosen, seed, stage,
+                                on_step)
+    return video.to(out_device), audio.to(out_device)

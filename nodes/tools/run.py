@@ -1,0 +1,208 @@
+"""Headless runner: execute a workflow with the pack's node classes, no ComfyUI needed.
+
+    python -m nodes.tools.run WORKFLOW.json --models DIR --out DIR [--set NODE.INPUT=VALUE ...]
+
+WORKFLOW is API format or UI format (converted like the canvas does). Validation errors name the node and input
+and exit with status 2; progress goes to stderr; the UI outputs of output nodes are printed as JSON on stdout.
+It exists for tests and the demo — inside ComfyUI the real executor runs the same graphs.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+
+from ..comfy import bridge as comfy_bridge
+from ..registry import NODE_CLASS_MAPPINGS
+from .graph import GraphError, execution_order, is_link, ui_to_api, validate
+from ..ltx.decode import compare as image_compare
+from ..ltx.errors import LTX25Error
+
+
+def load_prompt(path: str, classes: Mapping[str, type] | None = None) -> dict[str, dict]:
+    with open(path, encoding="utf-8") as f:
+        workflow = json.load(f)
+    return ui_to_api(workflow, classes or NODE_CLASS_MAPPINGS) if "nodes" in workflow and "links" in workflow else workflow
+
+
+def apply_overrides(prompt: dict[str, dict], overrides: list[str]) -> None:
+    """`NODE.INPUT=VALUE`; VALUE is JSON when it parses (numbers, true, lists), else a plain string."""
+    for item in overrides:
+        target, sep, raw = item.partition("=")
+        node_id, dot, name = target.partition(".")
+        if not sep or not dot or node_id not in prompt:
+            raise GraphError(node_id, prompt.get(node_id, {}).get("class_type", "?"), name or None,
+                             f"cannot apply --set {item!r} (expected NODE.INPUT=VALUE for an existing node)")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        prompt[node_id]["inputs"][name] = value
+
+
+def is_async(node_class: type) -> bool:
+    """A node whose FUNCTION is a coroutine; ComfyUI's executor (0.3.4x+) runs those as tasks, others in line."""
+    return inspect.iscoroutinefunction(getattr(node_class, node_class.FUNCTION))
+
+
+def is_output(node_class: type) -> bool:
+    """An output node (OUTPUT_NODE): what a run executes, with what it depends on."""
+    return bool(getattr(node_class, "OUTPUT_NODE", False))
+
+
+def _sources(node: Mapping[str, Any]) -> set[str]:
+    return {value[0] for value in node.get("inputs", {}).values() if is_link(value)}
+
+
+def _pick(ready: list[str], prompt: Mapping[str, dict], classes: Mapping[str, type]) -> str:
+    """ComfyUI's rule among ready nodes (`ux_friendly_pick_node`): an output or async node first, then one an output
+    node waits on, else the first in dependency order. Where ComfyUI breaks ties by its pending-set order (which
+    follows Python's hash order of the output ids), this takes an async node before a plain output node (its task
+    then runs beside it) and, among the rest, the node that feeds the most output nodes: the audio decode that
+    three saves wait on runs before the video decodes, so each save starts as soon as its frames exist."""
+    def class_of(node_id: str) -> type:
+        return classes[prompt[node_id]["class_type"]]
+
+    for node_id in ready:
+        if is_async(class_of(node_id)):
+            return node_id
+    for node_id in ready:
+        if is_output(class_of(node_id)):
+            return node_id
+    outputs = [o for o in prompt if is_output(class_of(o))]
+    fed = {node_id: sum(node_id in _sources(prompt[o]) for o in outputs) for node_id in ready}
+    return max(ready, key=lambda node_id: fed[node_id])  # max keeps the first of equals
+
+
+def needed(prompt: Mapping[str, dict], classes: Mapping[str, type], targets: Iterable[str] | None = None) -> set[str]:
+    """The nodes a run executes: `targets` (default: the output nodes, as ComfyUI) and every node they depend on."""
+    if targets is None:
+        targets = [n for n, node in prompt.items() if is_output(classes[node["class_type"]])]
+        if not targets:
+            raise GraphError("-", "prompt", None, "has no output node (ComfyUI refuses such a prompt)")
+    seen: set[str] = set()
+    stack = list(targets)
+    while stack:
+        node_id = stack.pop()
+        if node_id not in seen:
+            seen.add(node_id)
+            stack.extend(_sources(prompt[node_id]))
+    return seen
+
+
+def execute(prompt: Mapping[str, dict], classes: Mapping[str, type] | None = None,
+            preset: Mapping[str, tuple] | None = None, on_start: Callable[[str], None] | None = None,
+            on_end: Callable[[str, Any, float], None] | None = None,
+            targets: Iterable[str] | None = None) -> dict[str, Any]:
+    """Validate, then run the nodes inside inference mode the way ComfyUI's executor does: the output nodes (or
+    `targets`) and what they depend on, one at a time in dependency order, ready async/output nodes first, async
+    nodes (the saves) as tasks that run on while later nodes go on. `preset` gives outputs of nodes not to run (a
+    benchmark's prebuilt loaders); `on_start(node_id)` and `on_end(node_id, raw result, seconds)` watch each node
+    (an async node ends when the runner collects its finished task: the event loop, like ComfyUI's, resumes it
+    only between plain nodes, so its seconds may include the end of the plain node that ran beside it).
+    Returns {"outputs": {node_id: output tuple}, "ui": {node_id: ui dict}, "seconds": {node_id: s}, "wall_s": s}."""
+    classes = classes or NODE_CLASS_MAPPINGS
+    validate(prompt, classes)
+    start = time.perf_counter()
+
+    def run() -> dict[str, Any]:
+        with torch.inference_mode():
+            return asyncio.run(_execute(prompt, classes, dict(preset or {}), on_start, on_end,
+                                        needed(prompt, classes, targets)))
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # the usual case: no event loop in this thread
+        result = run()
+    else:  # called from async code (a notebook, an async test): the graph gets a loop of its own on a thread
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            result = pool.submit(run).result()
+    result["wall_s"] = time.perf_counter() - start
+    return result
+
+
+async def _execute(prompt, classes, preset, on_start, on_end, run: set[str]) -> dict[str, Any]:
+    outputs: dict[str, tuple] = dict(preset)
+    ui: dict[str, dict] = {}
+    seconds: dict[str, float] = {}
+    waiting = [n for n in execution_order(prompt) if n in run and n not in preset]
+    running: dict[asyncio.Task, tuple[str, float]] = {}
+
+    def finish(node_id: str, result: Any, started: float, ended: float) -> None:
+        seconds[node_id] = ended - started
+        if on_end is not None:
+            on_end(node_id, result, seconds[node_id])
+        if isinstance(result, dict):
+            ui[node_id] = result.get("ui", {})
+            result = result.get("result", ())
+        outputs[node_id] = tuple(result)
+
+    async def harvest(block: bool) -> None:
+        if not running:
+            return
+        done, _ = await asyncio.wait(running, timeout=None if block else 0, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            node_id, started = running.pop(task)
+            try:
+                finish(node_id, task.result(), started, time.perf_counter())
+            except BaseException:
+                for other in running:  # the graph stops at its first failure, as ComfyUI's does
+                    other.cancel()
+                print(f"[run] {node_id} failed", file=sys.stderr, flush=True)
+                raise
+
+    while waiting or running:
+        await harvest(block=False)
+        ready = [n for n in waiting if _sources(prompt[n]) <= outputs.keys()]
+        if not ready:
+            await harvest(block=True)
+            continue
+        node_id = _pick(ready, prompt, classes)
+        waiting.remove(node_id)
+        node, cls = prompt[node_id], classes[prompt[node_id]["class_type"]]
+        kwargs = {name: outputs[value[0]][value[1]] if is_link(value) else value
+                  for name, value in node["inputs"].items()}
+        print(f"[run] {node_id} {node.get('_meta', {}).get('title', node['class_type'])}", file=sys.stderr, flush=True)
+        if on_start is not None:
+            on_start(node_id)
+        started = time.perf_counter()
+        call = getattr(cls(), cls.FUNCTION)(**kwargs)
+        if inspect.iscoroutine(call):
+            running[asyncio.ensure_future(call)] = (node_id, started)
+            await asyncio.sleep(0)  # let it start (as ComfyUI does) before the next node takes the thread
+        else:
+            finish(node_id, call, started, time.perf_counter())
+    return {"outputs": outputs, "ui": ui, "seconds": seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nodes.tools.run", description=__doc__.splitlines()[0])
+    parser.add_argument("workflow")
+    parser.add_argument("--models", required=True, help="ComfyUI-style models folder")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NODE.INPUT=VALUE")
+    args = parser.parse_args(argv)
+    comfy_bridge.set_models_dir(args.models)
+    comfy_bridge.set_output_dir(args.out)
+    try:
+        prompt = load_prompt(args.workflow)
+        apply_overrides(prompt, args.overrides)
+        result = execute(prompt)
+    except (GraphError, LTX25Error) as e:  # the failing node: the last "[run]" line above, or "[run] N failed"
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    image_compare.wait_for_previews()  # the files the summary names exist when it is printed
+    summary = {"ui": result["ui"], "seconds": result["seconds"], "wall_s": result["wall_s"]}
+    print(json.dumps(summary, default=str, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,201 @@
+"""The bundled workflows, declared once as data and written in both formats:
+
+    python -m nodes.tools.workflow_specs        # rewrites workflows/*.json (UI, v0.4) and workflows/api/*.json
+
+A spec lists nodes as (id, class, title, {input: value or (source_id, output_index)}); inputs left out take the
+node's declared default. The UI file is laid out in columns by dependency depth; notes sit where a user chooses.
+`tests/test_workflows.py` checks that converting each UI file back gives its API twin.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+from ..registry import NODE_CLASS_MAPPINGS
+from .graph import execution_order, has_control_value, input_specs, is_widget
+from .tiny.common import OFFICIAL_FILES
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FILES = {component: name for component, (_folder, name) in OFFICIAL_FILES.items()}
+HF = "https://huggingface.co/Lightricks/LTX-2.5/resolve/main/"
+PROMPT = ("A red fox trots through fresh snow at dawn, breath steaming, soft golden light through pine trees; "
+          "the crunch of snow and distant birdsong.")
+DECODER_COLORS = {"conv": ("#2a4d6e", "#1d3a55"), "diffusion": ("#6e3a2a", "#55291d")}
+
+Spec = list[tuple[int, str, str, dict[str, Any]]]
+
+
+def _common(stats_vae: int, seed: int = 42) -> Spec:
+    """Loaders → encode → connector → half-size stage 1 → upsample → stage 2 (shared by all three graphs).
+    `stats_vae` is the video-VAE loader whose per-channel statistics the upsampler uses (both VAEs share them)."""
+    return [
+        (1, "LTX25TransformerLoader", "Transformer (DiT + connectors)", {"transformer_file": FILES["transformer"]}),
+        (2, "LTX25TextEncoderLoader", "Gemma-4 text encoder", {"text_encoder_file": FILES["text_encoder"]}),
+        (3, "LTX25EncodePrompt", "Prompt", {"text_encoder": (2, 0), "prompt": PROMPT}),
+        (4, "LTX25Connector", "Embeddings connectors", {"model": (1, 0), "text_features": (3, 0)}),
+        (5, "LTX25EmptyLatent", "Size (final; stage 1 runs at half)", {"width": 768, "height": 512, "frames": 121}),
+        (6, "LTX25UpsamplerLoader", "Latent upsampler x2", {"upsampler_file": FILES["upsampler"]}),
+        (9, "LTX25AudioVAELoader", "Audio VAE + vocoder", {"audio_vae_file": FILES["audio_vae"]}),
+        (10, "LTX25DistilledSampler", "Stage 1 (8 steps, half size)",
+         {"model": (1, 0), "conditioning": (4, 0), "video_latent": (5, 0), "audio_latent": (5, 1), "seed": seed,
+          "stage": "1"}),
+        (11, "LTX25LatentUpsample", "Upsample x2",
+         {"upsampler": (6, 0), "video_vae": (stats_vae, 0), "video_latent": (10, 0)}),
+        (12, "LTX25DistilledSampler", "Stage 2 (3 steps, full size)",
+         {"model": (1, 0), "conditioning": (4, 0), "video_latent": (11, 0), "audio_latent": (10, 1), "seed": seed,
+          "stage": "2"}),
+        (15, "LTX25AudioDecode", "Audio decode", {"audio_vae": (9, 0), "audio_latent": (12, 1)}),
+    ]
+
+
+def _conv_decode() -> Spec:
+    return [(7, "LTX25VideoVAELoader", "Conv video VAE", {"vae_file": FILES["conv_vae"]}),
+            (13, "LTX25ConvVAEDecode", "Conv VAE decode", {"video_vae": (7, 0), "latent": (12, 0)})]
+
+
+def _diffusion_decode() -> Spec:
+    return [(8, "LTX25VideoVAELoader", "Diffusion video VAE", {"vae_file": FILES["diffusion_vae"]}),
+            (14, "LTX25DiffusionVAEDecode", "Diffusion VAE decode", {"video_vae": (8, 0), "latent": (12, 0)})]
+
+
+def _save(node_id: int, images: tuple[int, int], prefix: str, title: str, **extra: Any) -> tuple:
+    return (node_id, "LTX25SaveVideo", title, {"images": images, "audio": (15, 0), "fps": 24.0,
+                                               "filename_prefix": prefix, **extra})
+
+
+WORKFLOWS: dict[str, dict[str, Any]] = {
+    "ltx25_t2v_distilled_decoder_ab": {
+        "nodes": _common(stats_vae=7) + _conv_decode() + _diffusion_decode() + [
+            (16, "LTX25DecoderCompare", "A/B: conv vs diffusion",
+             {"images_a": (13, 0), "images_b": (14, 0), "stats_a": (13, 1), "stats_b": (14, 1)}),
+            _save(17, (13, 0), "ltx25_ab_conv", "Save conv"),
+            _save(18, (14, 0), "ltx25_ab_diffusion", "Save diffusion"),
+            _save(19, (16, 0), "ltx25_ab_side_by_side", "Save side by side", metadata=(16, 1))],
+        "notes": {
+            1: "Put the six official LTX-2.5 files in ComfyUI's model folders (README). Pick each file here.",
+            14: "Processor: auto picks the fastest measured neighborhood attention (CUDA: the pack's triton kernel; CPU: "
+                "sdpa); sdpa, comfy_kitchen, natten and triton are selectable. "
+                "Tiling auto plans tiles from free memory; set memory_budget_gb to cap it.",
+            16: "Both decoders get the SAME stage-2 latent: this node reports PSNR/SSIM between them and each one's "
+                "seconds, peak memory and tiles.",
+        },
+    },
+    "ltx25_t2v_distilled_conv": {
+        "nodes": _common(stats_vae=7) + _conv_decode() + [_save(17, (13, 0), "ltx25_conv", "Save video")],
+        "notes": {1: "Put the official LTX-2.5 files in ComfyUI's model folders (README). Pick each file here.",
+                  13: "Tiling auto tiles only when the decode would not fit in free memory."},
+    },
+    "ltx25_t2v_distilled_diffusion_vae": {
+        "nodes": _common(stats_vae=8) + _diffusion_decode() + [_save(18, (14, 0), "ltx25_diffusion_vae", "Save video")],
+        "notes": {1: "Put the official LTX-2.5 files in ComfyUI's model folders (README). Pick each file here.",
+                  14: "Processor: auto picks the fastest neighborhood attention available; steps 0 = the checkpoint's "
+                      "default (1)."},
+    },
+}
+
+MODEL_FOLDERS = {FILES[c]: folder for c, (folder, _name) in OFFICIAL_FILES.items()}
+
+
+def to_api(spec: Spec, classes: Mapping[str, type] = NODE_CLASS_MAPPINGS) -> dict[str, dict]:
+    """API prompt with every widget filled: the spec's value, else the node's declared default."""
+    prompt: dict[str, dict] = {}
+    for node_id, class_type, title, given in spec:
+        inputs: dict[str, Any] = {}
+        for name, (kind, options, required) in input_specs(classes[class_type]).items():
+            if name in given:
+                value = given[name]
+                inputs[name] = [str(value[0]), value[1]] if isinstance(value, tuple) else value
+            elif is_widget(kind) and required:
+                inputs[name] = options["default"] if "default" in options else kind[0]
+        unknown = set(given) - set(input_specs(classes[class_type]))
+        if unknown:
+            raise KeyError(f"{class_type} has no input(s) {sorted(unknown)}")
+        prompt[str(node_id)] = {"class_type": class_type, "inputs": inputs, "_meta": {"title": title}}
+    return prompt
+
+
+def to_ui(prompt: Mapping[str, dict], notes: Mapping[int, str], classes: Mapping[str, type] = NODE_CLASS_MAPPINGS) -> dict:
+    """A v0.4 UI workflow the canvas opens; converting it back with graph.ui_to_api gives `prompt`."""
+    order = execution_order(prompt)
+    depth: dict[str, int] = {}
+    for node_id in order:
+        sources = [v[0] for v in prompt[node_id]["inputs"].values() if isinstance(v, list)]
+        depth[node_id] = 1 + max((depth[s] for s in sources), default=-1)
+    rows: dict[int, int] = {}
+    links: list[list] = []
+    node_inputs: dict[str, list[dict]] = {}
+    node_widgets: dict[str, list] = {}
+    for node_id in order:  # links first, so each output knows its link ids
+        node = prompt[node_id]
+        inputs, widgets = node_inputs.setdefault(node_id, []), node_widgets.setdefault(node_id, [])
+        for name, (kind, options, _required) in input_specs(classes[node["class_type"]]).items():
+            value = node["inputs"].get(name)
+            if isinstance(value, list):
+                links.append([len(links) + 1, int(value[0]), value[1], int(node_id), len(inputs), kind])
+                inputs.append({"name": name, "type": kind, "link": len(links)})
+                if is_widget(kind):  # a widget fed by a link: marked as such, its saved value is the default
+                    inputs[-1]["widget"] = {"name": name}
+                    widgets.append(options.get("default", ""))
+            elif not is_widget(kind):
+                inputs.append({"name": name, "type": kind, "link": None})
+            elif name in node["inputs"]:
+                widgets.append(value)
+                if has_control_value(name, kind, options):
+                    widgets.append("fixed")  # the UI-only "control after generate" value
+    nodes = []
+    for order_index, node_id in enumerate(order):
+        node = prompt[node_id]
+        cls = classes[node["class_type"]]
+        column = depth[node_id]
+        row = rows[column] = rows.get(column, -1) + 1
+        inputs, widgets = node_inputs[node_id], node_widgets[node_id]
+        out_links = {slot: [l[0] for l in links if l[1] == int(node_id) and l[2] == slot]
+                     for slot in range(len(cls.RETURN_TYPES))}
+        names = getattr(cls, "RETURN_NAMES", cls.RETURN_TYPES)
+        ui_node = {
+            "id": int(node_id), "type": node["class_type"], "title": node["_meta"]["title"],
+            "pos": [40 + 380 * column, 40 + 260 * row], "size": [340, 200], "flags": {}, "order": order_index,
+            "mode": 0, "inputs": inputs,
+            "outputs": [{"name": n, "type": t, "links": out_links[i], "slot_index": i}
+                        for i, (n, t) in enumerate(zip(names, cls.RETURN_TYPES))],
+            "properties": {"Node name for S&R": node["class_type"]},
+            "widgets_values": widgets,
+        }
+        models = [{"name": v, "url": HF + v, "directory": MODEL_FOLDERS[v]}
+                  for v in node["inputs"].values() if isinstance(v, str) and v in MODEL_FOLDERS]
+        if models:
+            ui_node["properties"]["models"] = models
+        for decoder, (color, bgcolor) in DECODER_COLORS.items():
+            if decoder in node["class_type"].lower() or decoder in node["_meta"]["title"].lower():
+                ui_node |= {"color": color, "bgcolor": bgcolor}
+        nodes.append(ui_node)
+    next_id = max(int(i) for i in prompt) + 1
+    for target, text in notes.items():
+        anchor = next(n for n in nodes if n["id"] == target)
+        nodes.append({"id": next_id, "type": "Note", "title": "Note", "pos": [anchor["pos"][0], anchor["pos"][1] - 120],
+                      "size": [340, 100], "flags": {}, "order": len(nodes), "mode": 0, "inputs": [], "outputs": [],
+                      "properties": {}, "widgets_values": [text], "color": "#432", "bgcolor": "#653"})
+        next_id += 1
+    return {"id": "00000000-0000-4000-8000-00000000ab25", "revision": 0, "last_node_id": next_id - 1,
+            "last_link_id": len(links), "nodes": nodes, "links": links, "groups": [], "config": {},
+            "extra": {"ds": {"scale": 0.6, "offset": [0, 0]}}, "version": 0.4}
+
+
+def write_all(root: str = ROOT) -> list[str]:
+    written = []
+    for name, workflow in WORKFLOWS.items():
+        api = to_api(workflow["nodes"])
+        for path, data in ((os.path.join(root, "workflows", "api", f"{name}.json"), api),
+                           (os.path.join(root, "workflows", f"{name}.json"), to_ui(api, workflow["notes"]))):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=1)
+                f.write("\n")
+            written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for path in write_all():
+        print(path)
