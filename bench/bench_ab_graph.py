@@ -6,7 +6,7 @@ at 768×512×121 with real-shape RANDOM weights for every component, seconds and
 
 Real files are 66 GB, so on CUDA the loader nodes are not run: each engine module is built in memory on the GPU from
 its released config by the builders of the per-component benchmarks (bench_transformer / bench_text_encoder /
-bench_conv_vae / bench_diffusion_vae; upsampler and audio VAE here from their released configs, ltx25.md §8, §11),
+bench_conv_vae / bench_diffusion_vae; upsampler and audio VAE here from their released configs, docs/MODEL.md §8, §11),
 registered with `nodes.comfy.handles.Loaded.register` under a minimal AssetInfo carrying the official file name, and its
 `Loaded` stands in for the loader's output. The text encoder is fed to the real Encode Prompt node: its spec is read
 from the tiny text-encoder file (tokenizer: the tiny one, ids padded to the real 1024 tokens) with the real Gemma
@@ -64,7 +64,7 @@ LOADERS = {"1": "transformer", "2": "text_encoder", "6": "upsampler", "7": "conv
            "9": "audio_vae"}
 SAMPLERS, DECODERS, OUTPUTS = ("10", "12"), ("13", "14", "15"), ("16", "17", "18", "19")
 NEW_PROMPT = "A paper boat drifts down a rain-filled gutter at dusk, neon reflections, the patter of rain."
-UPSAMPLER_CONFIG = {"_class_name": "LatentUpsampler", "in_channels": 128, "mid_channels": 1024,  # ltx25.md §8
+UPSAMPLER_CONFIG = {"_class_name": "LatentUpsampler", "in_channels": 128, "mid_channels": 1024,  # docs/MODEL.md §8
                     "num_blocks_per_stage": 4, "dims": 3, "spatial_upsample": True, "temporal_upsample": False,
                     "spatial_scale": 2.0, "rational_resampler": False}
 GiB = 2**30
@@ -80,7 +80,7 @@ def _info(component: str, kind: Kind) -> AssetInfo:
 
 
 def _audio_metadata() -> dict:
-    """The tiny metadata at the released widths (ltx25.md §11: ch 128, 2 res blocks; vocoder 1536 / BWE 512, AMP1
+    """The tiny metadata at the released widths (docs/MODEL.md §11: ch 128, 2 res blocks; vocoder 1536 / BWE 512, AMP1
     resblocks k (3, 7, 11) × dilations (1, 3, 5): diffusers' LTX2VocoderWithBWE defaults for LTX-2.3)."""
     from nodes.ltx import audio_vae as av
     ae = json.loads(json.dumps(av.TINY_AUDIO_VAE_CONFIG))

@@ -42,7 +42,7 @@ RELEASED_METADATA = {"config": {"vae": {"_class_name": "CausalDiffusionVAE", "mo
     "stage_kernels": [[3, 7, 7], [3, 7, 7], [3, 5, 5], [3, 5, 5], [11, 11, 11]],
     "upsamples": [[[1, 2, 2], 2], [[2, 1, 1], 2], [[2, 2, 2], 1], [[2, 2, 2], 2]], "stage5_kernel": [11, 11, 11],
     "timestep_scale_multiplier": 1000.0, "default_num_inference_steps": 1, "resampler_kind": "linear",
-    "spatial_padding_mode": "zeros"}}}}  # ltx25.md §10.1
+    "spatial_padding_mode": "zeros"}}}}  # docs/MODEL.md §10.1
 TINY_METADATA = {"config": {"vae": {"_class_name": "CausalDiffusionVAE", "model_output_type": "x0",
                                     "decoder": dv.TINY_DECODER}}}
 REAL_SHAPES = {"768x512x121": (16, 16, 24), "1920x1088x121": (16, 34, 60)}

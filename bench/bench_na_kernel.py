@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from nodes.ltx.kernels import na_attention as na
 from nodes.ltx.kernels import na_triton
 
-# (T, H, W), heads, kernel of each stage's attention at 768×512×121 (ltx25.md §10; stage 5 on 4-pixel patches)
+# (T, H, W), heads, kernel of each stage's attention at 768×512×121 (docs/MODEL.md §10.2; stage 5 on 4-pixel patches)
 STAGES = {
     1: ((17, 16, 24), 32, (3, 7, 7)),
     2: ((17, 32, 48), 16, (3, 7, 7)),

@@ -1,4 +1,4 @@
-"""Benchmark the LTX-2.5 prompt encoder at the real shapes: Gemma-4 12B (ltx25.md §3.3) + the V2 projection
+"""Benchmark the LTX-2.5 prompt encoder at the real shapes: Gemma-4 12B (docs/MODEL.md §3.3) + the V2 projection
 (188160 → 4096 / 2048), random bf16 weights built on the GPU (no file I/O), prompts of 1024 tokens, batch 1 and 4.
 
     python bench/bench_text_encoder.py            # CUDA, real config
@@ -34,7 +34,7 @@ from transformers.models.gemma4_unified.configuration_gemma4_unified import Gemm
 
 PEAK_BF16_FLOPS = 990e12
 TOKENS = 1024
-# Gemma-4 12B text config of the shipped text-encoder file (ltx25.md §3.3); projection widths 4096 / 2048.
+# Gemma-4 12B text config of the shipped text-encoder file (docs/MODEL.md §3.3); projection widths 4096 / 2048.
 REAL_TEXT_CONFIG = dict(
     hidden_size=3840, num_hidden_layers=48, intermediate_size=15360, num_attention_heads=16, head_dim=256,
     global_head_dim=512, num_key_value_heads=8, num_global_key_value_heads=1, attention_k_eq_v=True,

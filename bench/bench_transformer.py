@@ -38,7 +38,7 @@ from nodes.ltx.conditioning import Conditioning  # noqa: E402
 from nodes.ltx.dit.positions import (first_frame_keyframes_mask, patchify_audio, patchify_video,  # noqa: E402
                                  unpatchify_audio, unpatchify_video)
 
-STAGE1_SIGMAS = (1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875, 0.0)  # ltx25.md §7
+STAGE1_SIGMAS = (1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875, 0.0)  # docs/MODEL.md §7.1
 STAGE2_SIGMAS = (0.909375, 0.725, 0.421875, 0.0)
 BASELINE_S_PER_STEP = {"stage1": 0.447, "stage2": 0.500}  # measured earlier: plain eager, same shapes
 REAL_SHAPES = {"stage1": ((1, 128, 16, 8, 12), (1, 8, 126, 16)), "stage2": ((1, 128, 16, 16, 24), (1, 8, 126, 16))}

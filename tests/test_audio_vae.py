@@ -1,4 +1,4 @@
-"""The audio VAE + vocoder (ltx25.md §11, §12): native nested config → diffusers modules, strict key map with the
+"""The audio VAE + vocoder (docs/MODEL.md §11, §12): native nested config → diffusers modules, strict key map with the
 vocoder renames, fp32 vocoder, (channel, bin) statistics, output length/rate, the drift warning and the node."""
 from __future__ import annotations
 

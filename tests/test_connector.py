@@ -1,4 +1,4 @@
-"""Embeddings connectors (ltx25.md §4, §13 items 1-3): config, right-pad sort, registers, the binary-mask quirk, the
+"""The connectors (docs/MODEL.md §4, §13 items 1-3): config, right-pad sort, registers, the binary-mask quirk, the
 Connector node. The tiny transformer file carries both connectors (2 layers, 128 registers, 1024 tokens)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The conv video VAE (ltx25.md §9, §12): native config → diffusers decoder, strict key map, statistics, the tile
+"""The conv video VAE (docs/MODEL.md §9, §12): native config → diffusers decoder, strict key map, statistics, the tile
 geometry and blend, auto tiling, and the decode node's refusals."""
 from __future__ import annotations
 

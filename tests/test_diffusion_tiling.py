@@ -10,7 +10,7 @@ import torch
 from nodes.ltx.decode import diffusion_tiling as dt
 from nodes.ltx.errors import LTX25Error
 
-# ltx25.md §10.1, as plain numbers
+# docs/MODEL.md §10.1, as plain numbers
 RELEASED = dt.TilingGeometry(
     stage_channels=(2048, 1024, 512, 512, 256), stage_kernels=((3, 7, 7), (3, 7, 7), (3, 5, 5), (3, 5, 5)),
     stage_depths=(4, 6, 4, 2, 8), upsample_strides=((1, 2, 2), (2, 1, 1), (2, 2, 2), (2, 2, 2)),
@@ -22,7 +22,7 @@ GiB = 2**30
 
 def test_released_constants_match_the_reference():
     """Halos, overlaps, floors and ghosts derived from the released config equal the reference numbers
-    (ltx25.md §10.4, §13 item 12); a wrong derivation would tile with seams or below NATTEN's kernel."""
+    (docs/MODEL.md §10.4, §13 item 12); a wrong derivation would tile with seams or below NATTEN's kernel."""
     g = RELEASED
     assert g.cell_pixels == (2, 8, 8)
     assert g.halo4 == (2, 4, 4) and g.halo5 == (20, 20, 20)

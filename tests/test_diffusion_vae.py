@@ -17,7 +17,7 @@ from nodes.ltx.decode import diffusion_vae as dv
 from nodes.ltx.errors import LTX25Error
 from nodes.tools.tiny.common import latent_statistics
 
-RELEASED_DECODER = {  # ltx25.md §10.1
+RELEASED_DECODER = {  # docs/MODEL.md §10.1
     "in_channels": 128, "out_channels": 3, "patch_size": 4, "head_dim": 64,
     "stage_channels": [2048, 1024, 512, 512, 256], "stage_depths": [4, 6, 4, 2, 8],
     "stage_kernels": [[3, 7, 7], [3, 7, 7], [3, 5, 5], [3, 5, 5], [11, 11, 11]],

@@ -1,4 +1,4 @@
-"""Latent geometry (ltx25.md §6) and the Empty Latent node: shapes, and bad sizes refused naming the node input."""
+"""Latent geometry (docs/MODEL.md §6) and the Empty Latent node: shapes, and bad sizes refused naming the node input."""
 from __future__ import annotations
 
 import pytest

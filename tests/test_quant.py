@@ -9,7 +9,7 @@ from nodes.ltx.errors import LTX25Error
 
 
 def reference_swizzle(rows: int, cols: int) -> dict[tuple[int, int], int]:
-    """Per-element loop over the cuBLAS 128×4 layout (ltx25.md §5.5): the independent reference."""
+    """Per-element loop over the cuBLAS 128×4 layout (docs/MODEL.md §5.5): the independent reference."""
     padded_cols = -(-cols // 4) * 4
     out = {}
     for r in range(rows):

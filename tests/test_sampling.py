@@ -1,4 +1,4 @@
-"""Distilled sampling (ltx25.md §7, §13 items 10-11): step math, noise streams, sampler choice, the stage loop and
+"""Distilled sampling (docs/MODEL.md §7, §13 items 10-11): step math, noise streams, sampler choice, the stage loop and
 the sampler node. A fake denoiser stands in for the DiT except in the tiny end-to-end test."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prompt encoding (ltx25.md §3): the tiny Gemma-4 text-encoder file, strict loading, tokenization (BOS, left
+"""Prompt encoding (docs/MODEL.md §3): the tiny Gemma-4 text-encoder file, strict loading, tokenization (BOS, left
 padding, truncation), the 49-state forward with mask-blind positions, feature extractor V2 (flatten order,
 per-stream rescale), the inference-mode lifecycle of issue #310, the prompt cache, and the encode node."""
 from __future__ import annotations

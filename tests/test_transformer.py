@@ -1,4 +1,4 @@
-"""The LTX-2.5 transformer file (ltx25.md §5, §12, §13 items 6-9, 13, 17): config, key map and strict loading,
+"""The LTX-2.5 transformer file (docs/MODEL.md §5, §12, §13 items 6-9, 13, 17): config, key map and strict loading,
 "presence decides" for the connectors, NVFP4 loading, positions, the keyframe marker, the AV gate and x0."""
 from __future__ import annotations
 

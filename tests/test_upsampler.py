@@ -1,4 +1,4 @@
-"""The latent upsampler (ltx25.md §8, §12): config from the flat metadata with the native→diffusers renames, strict
+"""The latent upsampler (docs/MODEL.md §8, §12): config from the flat metadata with the native→diffusers renames, strict
 loading, the resampler-keys consistency check, and the un-normalize → upsample → normalize wrapping."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The LTX-2.5 audio decoder (ltx25.md §11, §12): diffusers' `LTX2AudioDecoder` (latent → stereo mel) and
+"""The LTX-2.5 audio decoder (docs/MODEL.md §11, §12): diffusers' `LTX2AudioDecoder` (latent → stereo mel) and
 `LTX2VocoderWithBWE` (mel → 16 kHz waveform → bandwidth extension to 48 kHz), configured from the file's
 `config.audio_vae` and `config.vocoder`, loaded strictly from `audio_vae.*` / `vocoder.*`.
 

@@ -10,7 +10,7 @@ from .files.assets import AssetInfo
 
 @dataclass(frozen=True)
 class TextFeatures:
-    """Projected Gemma features, before the connectors (ltx25.md §3.4).
+    """Projected Gemma features, before the connectors (docs/MODEL.md §3.4).
 
     video: [B, 1024, video_dim] and audio: [B, 1024, audio_dim] in the order the tokenizer produced them (LEFT padded);
     mask: [B, 1024] int64, 1 = valid token; source: the text-encoder file they came from (for the Gemma pairing check).
@@ -23,7 +23,7 @@ class TextFeatures:
 
 @dataclass(frozen=True)
 class Conditioning:
-    """Connector outputs the DiT cross-attends to (ltx25.md §4): video [B, 1024, 4096], audio [B, 1024, 2048]
+    """Connector outputs the DiT cross-attends to (docs/MODEL.md §4): video [B, 1024, 4096], audio [B, 1024, 2048]
     (tiny: TINY_DIMS widths). The DiT gets no context mask (§4.1 step 5)."""
     video: torch.Tensor
     audio: torch.Tensor

@@ -1,4 +1,4 @@
-"""Latent geometry of LTX-2.5 (ltx25.md §6): pure functions of plain numbers, and the checks that turn a bad size
+"""Latent geometry of LTX-2.5 (docs/MODEL.md §6): pure functions of plain numbers, and the checks that turn a bad size
 into an error naming the node input.
 
 Video latent `[B, 128, F', H/32, W/32]` with `F' = (F - 1)/8 + 1` (F = 8k + 1 pixel frames: the first latent frame
@@ -66,7 +66,7 @@ def video_latent_shape(width: int, height: int, frames: int, batch: int = 1) -> 
 
 
 def audio_latent_frames(frames: int, fps: float) -> int:
-    """`round(frames / fps · 25)` — `round`, not `ceil` (ltx25.md §6; 121 f @ 24 fps → 126)."""
+    """`round(frames / fps · 25)` — `round`, not `ceil` (docs/MODEL.md §6; 121 f @ 24 fps → 126)."""
     return round(frames / fps * AUDIO_LATENTS_PER_SECOND)
 
 

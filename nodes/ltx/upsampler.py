@@ -1,4 +1,4 @@
-"""The LTX-2.5 latent upsampler (ltx25.md §8): diffusers' `LTX2LatentUpsamplerModel`, configured from the file's
+"""The LTX-2.5 latent upsampler (docs/MODEL.md §8): diffusers' `LTX2LatentUpsamplerModel`, configured from the file's
 flat `config` metadata, loaded strictly, and wrapped in the VAE's per-channel statistics.
 
 The upsampler was trained on UN-normalized latents (the video VAE encoder's raw output) while the DiT works on

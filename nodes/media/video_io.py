@@ -2,7 +2,7 @@
 numbered output names that never overwrite, and a probe that reads a file back.
 
 The audio is fitted to the video's duration (silence appended, or the tail cut) so both streams end
-together — the LTX audio VAE yields 10–50 ms less than F/fps by construction (ltx25.md §11; see audio_vae).
+together — the LTX audio VAE yields 10–50 ms less than F/fps by construction (docs/MODEL.md §11; see audio_vae).
 """
 from __future__ import annotations
 

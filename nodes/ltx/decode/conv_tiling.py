@@ -1,4 +1,4 @@
-"""Tile geometry for the conv video decoder (ltx25.md §9 "Tiling"): pure functions of plain numbers.
+"""Tile geometry for the conv video decoder (docs/MODEL.md §9.4): pure functions of plain numbers.
 
 Tiles are cut in LATENT space with overlap, each is decoded on its own, and the decoded tiles are blended in pixel
 space with trapezoid weights that are normalized to a partition of unity (they sum to exactly one at every pixel),

@@ -1,4 +1,4 @@
-"""The LTX-2.5 conv video VAE decoder (ltx25.md §9, §12): diffusers' `LTX2VideoDecoder3d`, configured from the file's
+"""The LTX-2.5 conv VAE decoder (docs/MODEL.md §9, §12): diffusers' `LTX2VideoDecoder3d`, configured from the file's
 flat `config.vae` (`_class_name: CausalVideoAutoencoder`), loaded strictly, with the file's per-channel statistics.
 
 Decode-only: the pack never encodes video, so the container holds the decoder and the statistics; the file's
@@ -336,7 +336,7 @@ def _tiny_blocks(res: int, ups: tuple[tuple[str, int], ...]) -> list:
     return blocks
 
 
-# `config.vae` of the shipped ltx-2.5-video-vae-conv-bf16.safetensors (ltx25.md §9: the 2.3 metadata, whose block
+# `config.vae` of the shipped ltx-2.5-video-vae-conv-bf16.safetensors (docs/MODEL.md §9.1: the 2.3 metadata, whose block
 # lists 2.5 keeps byte-identical; 2.5 says latent_log_var "constant"). The benchmark and the ladder test build it.
 SHIPPED_VAE_CONFIG = {
     "_class_name": "CausalVideoAutoencoder", "dims": 3, "in_channels": 3, "out_channels": 3,
@@ -356,7 +356,7 @@ SHIPPED_VAE_CONFIG = {
     "spatial_padding_mode": "zeros",
 }
 
-# The shipped 2.5 layout (ltx25.md §9) at tiny widths. The decoder keeps the nine-block list with 1 layer per stage
+# The shipped 2.5 layout (docs/MODEL.md §9) at tiny widths. The decoder keeps the nine-block list with 1 layer per stage
 # and base 8; the encoder keeps 128 wide (see `encoder_kwargs`) and saves size with empty res stages and ×1 multipliers.
 TINY_VAE_CONFIG = {
     "_class_name": "CausalVideoAutoencoder", "dims": 3, "in_channels": 3, "out_channels": 3,

@@ -3,7 +3,7 @@
 Stages 1-3 run once on the whole (floor-padded, ghost-padded) latent; stages 4-5 run per tile. Tiles live on the
 stage-4 input grid ("cells": 2 frames × 8 × 8 px for the released config) and are blended in pixel space with
 trapezoid weights that sum to one. Everything here is a function of the decoder config and the latent shape —
-no tensors but the 1-D weights — so the geometry is tested without running a model. Reference: ltx25.md §10.4.
+no tensors but the 1-D weights — so the geometry is tested without running a model. Reference: docs/MODEL.md §10.4.
 """
 from __future__ import annotations
 

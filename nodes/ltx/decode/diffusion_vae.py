@@ -1,4 +1,4 @@
-"""The LTX-2.5 diffusion video VAE ("NADiffusionDecoder", ltx25.md §10): config, key map, loading, tiled decode,
+"""The LTX-2.5 diffusion video VAE ("NADiffusionDecoder", docs/MODEL.md §10): config, key map, loading, tiled decode,
 tiny asset.
 
 The network is diffusers' `LTX2VideoDiffusionDecoderModel`, configured from `config.vae` of the file. We write

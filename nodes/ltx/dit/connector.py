@@ -1,4 +1,4 @@
-"""The two LTX-2.5 embeddings connectors (ltx25.md §4): projected Gemma features → the text context the DiT
+"""The two LTX-2.5 embeddings connectors (docs/MODEL.md §4): projected Gemma features → the text context the DiT
 cross-attends to. They live in the TRANSFORMER file (`model.diffusion_model.{video,audio}_embeddings_connector.*`);
 the projection in front of them lives in the text-encoder file and has already run (`TextFeatures`).
 
@@ -185,7 +185,7 @@ def _check_features(features: TextFeatures, config: ConnectorConfig) -> None:
 
 
 def run_connectors(model: torch.nn.Module, features: TextFeatures) -> Conditioning:
-    """Projected, left-padded text features → the DiT's text context (ltx25.md §4.1).
+    """Projected, left-padded text features → the DiT's text context (docs/MODEL.md §4.1).
 
     `model` carries `.connectors` (`LTX25Connectors`); features video `[B, L, Dv]`, audio `[B, L, Da]`, mask
     `[B, L]`. Returns `Conditioning` with video `[B, L, Dv]`, audio `[B, L, Da]` in the weights' dtype, on the

@@ -1,4 +1,4 @@
-"""Token layout and RoPE positions of the LTX-2.5 DiT (ltx25.md §5.4, §6): patchify/unpatchify both streams, the
+"""Token layout and RoPE positions of the LTX-2.5 DiT (docs/MODEL.md §5.4, §6): patchify/unpatchify both streams, the
 per-token position bounds the rotary embeddings are computed from, and the keyframe marker mask.
 
 Positions are `[start, end)` bounds per token; the DiT's RoPE (diffusers `LTX2AudioVideoRotaryPosEmbed`, with

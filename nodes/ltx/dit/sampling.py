@@ -1,4 +1,4 @@
-"""Distilled sampling of the joint audio+video latents (ltx25.md §7): sigma schedules, the Euler and
+"""Distilled sampling of the joint audio+video latents (docs/MODEL.md §7): sigma schedules, the Euler and
 Euler-ancestral steps, and the stage loop. One denoiser forward per step (distilled models take no CFG).
 
 Noise (all drawn in float32 on a CPU `torch.Generator`, then moved to the latents' device, so a seed gives the same
@@ -82,7 +82,7 @@ def resolve_sampler(choice: str, stage: int, model_version: str | None) -> str:
 def check_cfg(cfg: float, model_name: str, where: str = "cfg") -> None:
     """Distilled checkpoints are trained for one unguided forward per step, so CFG ≠ 1 is refused.
 
-    Dev and distilled files have identical metadata and keys (ltx25.md §1), so "distilled" is read from the file
+    Dev and distilled files have identical metadata and keys (docs/MODEL.md §1), so "distilled" is read from the file
     name. A file without that hint is still sampled with one forward per step: this node has no negative prompt
     and so no CFG path either way."""
     if cfg == 1.0:
@@ -103,7 +103,7 @@ def euler_step(x: torch.Tensor, x0: torch.Tensor, sigma: float, sigma_next: floa
 
 def ancestral_step(x: torch.Tensor, x0: torch.Tensor, sigma: float, sigma_next: float,
                    noise: torch.Tensor | None) -> torch.Tensor:
-    """Rectified-flow Euler-ancestral with eta 1 (ltx25.md §7), fp32, returned in `x`'s dtype.
+    """Rectified-flow Euler-ancestral with eta 1 (docs/MODEL.md §7.3), fp32, returned in `x`'s dtype.
 
     σ_down = σ_next²/σ; x' = (σ_down/σ)·x + (1 - σ_down/σ)·x0; then x' is rescaled to the σ_next level and fresh
     noise makes up the variance: `x_next = (1-σ_next)/(1-σ_down)·x' + noise·sqrt(σ_next² - σ_down²(1-σ_next)²/(1-σ_down)²)`.

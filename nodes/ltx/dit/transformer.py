@@ -1,4 +1,4 @@
-"""The LTX-2.5 transformer file: the 22B audio+video DiT and its two embeddings connectors (ltx25.md §5, §4).
+"""The LTX-2.5 transformer file: the 22B audio+video DiT and its two embeddings connectors (docs/MODEL.md §5, §4).
 
 One module per file: `LTX25Transformer` holds `.dit` (diffusers `LTX2VideoTransformer3DModel`, configured from the
 file's `config.transformer`) and `.connectors` (connector.py). `denoise` is the x0 denoiser the sampler calls once
@@ -46,7 +46,7 @@ FIXED_VALUES: Mapping[str, Any] = {
     "caption_proj_before_connector": True,  # 2.3+: the Gemma projection lives in the text-encoder file
 }
 
-# The released `config.transformer` of ltx-2.5-22b-{distilled,dev}-transformer-*.safetensors (ltx25.md §5.1, §4.2).
+# The released `config.transformer` of ltx-2.5-22b-{distilled,dev}-transformer-*.safetensors (docs/MODEL.md §5.1, §4.2).
 SHIPPED_CONFIG: Mapping[str, Any] = {
     **FIXED_VALUES,
     "num_layers": 48, "num_attention_heads": 32, "attention_head_dim": 128, "in_channels": 128, "out_channels": 128,
@@ -289,7 +289,7 @@ def denoise(model: LTX25Transformer, video: torch.Tensor, audio: torch.Tensor, s
     """x0 predictions for noisy latents at `sigma`: video `[B, 128, F', H', W']`, audio `[B, 8, T, 16]` (normalized
     latents, any float dtype) → (x0 video, x0 audio), same layouts, float32, on the inputs' devices.
 
-    `x0 = latent − v·σ` in float32 (the reference X0Model). The text context gets no mask (ltx25.md §4.1 step 5).
+    `x0 = latent − v·σ` in float32 (the reference X0Model). The text context gets no mask (docs/MODEL.md §4.1 step 5).
     """
     check_denoise_inputs(model.config, video, audio, cond)
     with torch.inference_mode():

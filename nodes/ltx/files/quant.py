@@ -1,4 +1,4 @@
-"""FP8 and NVFP4 weights in the split files, dequantized at load (ltx25.md §5.5).
+"""FP8 and NVFP4 weights in the split files, dequantized at load (docs/MODEL.md §5.5).
 
 NVFP4 Linear: `.weight` U8 [out, in/2] (two E2M1 values a byte, element 2j in the HIGH nibble — the documented
 default of ltx-core's prequant files), `.weight_scale` E4M3 per 16-element block in cuBLAS' 128×4 swizzled layout,

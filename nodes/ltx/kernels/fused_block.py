@@ -130,7 +130,7 @@ def swiglu_add_(mlp, x: torch.Tensor, out: torch.Tensor, tokens: int = SWIGLU_TO
 
 def block_forward(block, hidden_states: torch.Tensor, latent_context: torch.Tensor,
                   modulation: tuple[torch.Tensor, ...], block_mask=None) -> torch.Tensor:
-    """`LTX2VideoVaeDiffusionNABlock.forward` with the fused passes (its residuals are ungated, ltx25.md §10)."""
+    """`LTX2VideoVaeDiffusionNABlock.forward` with the fused passes (its residuals are ungated, docs/MODEL.md §10.2)."""
     table = block.scale_shift_table
     scale_msa, shift_msa, scale_mlp, shift_mlp = (modulation[i] + table[i].view(1, 1, 1, 1, -1) for i in (0, 1, 3, 4))
     hidden = hidden_states + block.context_proj(latent_context)  # a new tensor: the caller's input stays intact

@@ -4,7 +4,7 @@ Each processor is a diffusers attention processor installed with `set_attn_proce
 module's own `project_qkv` computes them (RMS-normed, query pre-scaled by 1/sqrt(head_dim), 3-D RoPE; `project_qkv`
 here does the rotation in fewer passes) and runs the window attention with `scale=1.0`. Window per axis: exactly `k`
 keys starting at `clamp(i − k//2, 0, L − k)` — shifted inward at borders, never truncated (NATTEN `na3d` semantics;
-ltx25.md §10.2).
+docs/MODEL.md §10.2).
 
 - `sdpa`: exact neighborhood attention on PyTorch SDPA: spatial query blocks with their gathered key region, and
   frame windows as strided views of it (`na3d_sdpa`); the reference the others are tested against; CPU and GPU;

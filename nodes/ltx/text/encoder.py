@@ -1,5 +1,5 @@
 """The LTX-2.5 text encoder: Gemma-4 12B (transformers `gemma4_unified`) + the V2 text projection, loaded from
-the single official file `gemma4-12b-with-proj-ltx-2.5-bf16.safetensors` (ltx25.md §2.1, §3).
+the single official file `gemma4-12b-with-proj-ltx-2.5-bf16.safetensors` (docs/MODEL.md §2.1, §3).
 
 - `TextEncoderSpec.from_file` reads only the header, the `gemma_config` metadata and the small tokenizer tensors;
   the 24 GB of weights are read by `load_text_encoder` only when a prompt is not cached.

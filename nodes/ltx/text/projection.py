@@ -1,4 +1,4 @@
-"""Feature extractor V2 + text projection (LTX-2.3/2.5, ltx25.md §3.4): all Gemma hidden states → per-token RMS
+"""Feature extractor V2 + text projection (LTX-2.3/2.5, docs/MODEL.md §3.4): all Gemma hidden states → per-token RMS
 norm per layer → flatten hidden-major/layer-minor → zero padded tokens → one Linear per stream, each fed the
 normed features times `sqrt(out_dim / hidden)`.
 

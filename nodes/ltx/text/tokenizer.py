@@ -1,5 +1,5 @@
 """The Gemma tokenizer stored inside the text-encoder file, and prompt tokenization exactly as the reference
-encodes (ltx25.md §3.1): strip, no padding, truncate to 1024, prepend BOS when the tokenizer did not emit it
+encodes (docs/MODEL.md §3.1): strip, no padding, truncate to 1024, prepend BOS when the tokenizer did not emit it
 (Gemma 4's does not; Gemma 3's does), truncate again, LEFT-pad to exactly 1024. Attention mask 1 = valid.
 
 The tokenizer is rebuilt from the `tokenizer_json` bytes with `tokenizers.Tokenizer.from_buffer`; its special
