@@ -59,3 +59,16 @@ def tiny_models(tiny_dir, tiny_file) -> str:
         tiny_file(component)
     comfy_bridge.set_models_dir(tiny_dir)
     return tiny_dir
+
+
+@pytest.fixture(scope="module")
+def deep_transformer():
+    """A tiny transformer with 5 DiT blocks instead of 2, float32, random weights: enough blocks that streaming
+    some of them needs less memory than keeping all (with 2 blocks, two slots are the whole model)."""
+    from nodes.ltx.dit.transformer import LTX25Transformer, TransformerConfig
+    from nodes.tools.tiny.common import randomize_
+    from nodes.tools.tiny.transformer import TINY_WEIGHT_SCALE, tiny_config_block, tiny_metadata
+
+    config = TransformerConfig.from_metadata("deep tiny transformer",
+                                             tiny_metadata({**tiny_config_block(), "num_layers": 5}))
+    return randomize_(LTX25Transformer(config), 0, "deep_transformer", scale=TINY_WEIGHT_SCALE).float().eval()

@@ -8,12 +8,14 @@ import weakref
 import torch
 
 from nodes.comfy import bridge
+
+
 class FakePatcher:
     """A patcher whose 'device' is a flag, so eviction can be observed on a CPU-only machine."""
 
     def __init__(self, size: int) -> None:
         self.size, self.on_device, self.model = size, False, self
-        self.load_device = "fake"
+        self.load_device, self.on_unload = "fake", None
 
     def model_size(self) -> int:
         return self.size
@@ -24,7 +26,10 @@ class FakePatcher:
     def unload(self) -> None:
         self.on_device = False
 
-    def to(self, _device) -> None:
+    def apply_patches(self) -> bool:
+        return False
+
+    def place(self, _memory_required: int) -> None:
         self.on_device = True
 
 

@@ -6,14 +6,19 @@ Node code calls only this module for devices, model loading, progress, interrupt
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import uuid
 import weakref
 from typing import Callable
 
 import torch
 
+from ..ltx import streaming
 from ..ltx.device_memory import free_bytes
+
+log = logging.getLogger("ltx25")
 
 try:  # ComfyUI present: the real thing.
     import comfy.model_management as _mm
@@ -116,21 +121,80 @@ def module_bytes(module: torch.nn.Module) -> int:
 
 
 class StandalonePatcher:
-    """The few parts of ComfyUI's ModelPatcher the pack uses, for running without ComfyUI."""
+    """The parts of ComfyUI's ModelPatcher the pack uses, for running without ComfyUI: placement (with weight
+    streaming when the model does not fit), clones that share the module, and weight patches applied in place when
+    a clone is loaded (the originals kept once per model, as ComfyUI keeps its backups)."""
 
     def __init__(self, model: torch.nn.Module, load_device: torch.device, offload_device: torch.device,
                  on_unload: Callable[[torch.nn.Module], None] | None = None) -> None:
         self.model, self.load_device, self.offload_device = model, load_device, offload_device
         self.size, self.on_unload = module_bytes(model), on_unload
+        self.patches: dict[str, list[tuple[float, tuple]]] = {}
+        self.patches_uuid = uuid.uuid4()
 
     def model_size(self) -> int:
         return self.size
 
+    def clone(self) -> "StandalonePatcher":
+        twin = StandalonePatcher(self.model, self.load_device, self.offload_device, self.on_unload)
+        twin.patches = {key: list(entries) for key, entries in self.patches.items()}
+        twin.patches_uuid = self.patches_uuid
+        return twin
+
+    def add_patches(self, patches: dict, strength_patch: float = 1.0) -> list[str]:
+        """ComfyUI's shape: `{state-dict key: (delta,)}`; the weight becomes `weight + strength·delta` on load."""
+        state = self.model.state_dict(keep_vars=True)
+        added = [key for key in patches if key in state]
+        for key in added:
+            self.patches.setdefault(key, []).append((strength_patch, patches[key]))
+        self.patches_uuid = uuid.uuid4()
+        return added
+
+    def _patch_state(self) -> dict:
+        return vars(self.model).setdefault("_ltx25_patch_state", {"uuid": None, "backup": {}})
+
+    def apply_patches(self) -> bool:
+        """Make the shared module hold this patcher's weights (undoing another clone's patches first, in place, so
+        the weights are never copied whole); True when anything changed."""
+        state = self._patch_state()
+        if state["uuid"] == self.patches_uuid:
+            return False
+        changed = bool(state["backup"] or self.patches)
+        tensors = self.model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for key, original in state["backup"].items():
+                tensors[key].copy_(original)
+            state["backup"] = {}
+            for key, entries in self.patches.items():
+                weight = tensors[key]
+                state["backup"][key] = weight.detach().to("cpu", copy=True)
+                patched = weight.float() + sum(strength * value[0].to(weight.device, torch.float32)
+                                               for strength, value in entries)
+                weight.copy_(patched.to(weight.dtype))
+        state["uuid"] = self.patches_uuid
+        return changed
+
     def is_loaded(self) -> bool:
-        return self.load_device.type == "cpu" or any(p.device.type == self.load_device.type
-                                                      for p in self.model.parameters())
+        """Placed on the device by `place` (wholly, or with its blocks streaming) and not unloaded since."""
+        return vars(self.model).get("_ltx25_placed") is not None
+
+    def place(self, memory_required: int) -> None:
+        """Put the model on the device within what is free (plus what it already holds there) or the set budget,
+        streaming the blocks that do not fit; the plan is logged."""
+        device = self.load_device
+        own = sum(t.numel() * t.element_size() for _, _, t in streaming._owned_tensors(self.model)
+                  if t.device.type == device.type)
+        available = free_device_memory(device) + own if device.type != "cpu" else 1 << 62
+        cap = _budget_cap()
+        budget = min(available, cap) if cap is not None else available
+        name = type(self.model).__name__
+        plan = streaming.place(self.model, device, budget, memory_required, where=name)
+        vars(self.model)["_ltx25_placed"] = (str(device), budget)
+        (log.info if plan.streamed_bytes else log.debug)(plan.describe(name))
 
     def unload(self) -> None:
+        streaming.remove_streamer(self.model)
+        vars(self.model).pop("_ltx25_placed", None)
         if self.load_device != self.offload_device:
             self.model.to(self.offload_device)
         if self.on_unload is not None:
@@ -146,7 +210,24 @@ def _standalone_live() -> list[StandalonePatcher]:
     return [ref() for ref in _standalone_loaded]
 
 
-def make_patcher(module: torch.nn.Module, on_unload: Callable[[torch.nn.Module], None] | None = None):
+def _on_comfy_load(engine_module: torch.nn.Module, name: str):
+    """ComfyUI's partial loading leaves modules it cannot cast (ours are plain torch modules) on the host and does
+    not patch them: patch what is left there, then stream those blocks through the device."""
+    def on_load(patcher, device_to, lowvram_model_memory, force_patch_weights, full_load) -> None:
+        tensors = patcher.model.state_dict(keep_vars=True)
+        for key in patcher.patches:
+            if key in tensors and tensors[key].device != torch.device(device_to):
+                patcher.patch_weight_to_device(key)
+        streamer = streaming.adopt(engine_module, device_to)
+        if streamer is not None:
+            log.info("%s: %d of %d blocks streamed from host memory (%.2f GiB per forward)", name,
+                     streamer.streamed_count, len(streamer.blocks),
+                     sum(s.nbytes for s in streamer.streamed.values()) / 2**30)
+    return on_load
+
+
+def make_patcher(module: torch.nn.Module, on_unload: Callable[[torch.nn.Module], None] | None = None,
+                 name: str = "model"):
     """Register a heavy module with model management (a ModelPatcher in ComfyUI); weights stay offloaded
     until `load_models` asks for them. `on_unload(module)` runs when model management moves it off the device
     (to free working memory that lives beside the weights, such as CUDA graphs)."""
@@ -160,29 +241,69 @@ def make_patcher(module: torch.nn.Module, on_unload: Callable[[torch.nn.Module],
             module = holder
         patcher = _patcher.ModelPatcher(module, load_device=compute_device(), offload_device=offload_device(),
                                         size=module_bytes(module))
-        if on_unload is not None:
-            from comfy.patcher_extension import CallbacksMP
-            patcher.add_callback(CallbacksMP.ON_DETACH, lambda _patcher, _unpatch_all: on_unload(engine_module))
+        from comfy.patcher_extension import CallbacksMP
+        if streaming.blocks_of(engine_module):
+            patcher.add_callback(CallbacksMP.ON_LOAD, _on_comfy_load(engine_module, name))
+
+        def on_detach(_patcher, _unpatch_all) -> None:
+            streaming.remove_streamer(engine_module)
+            if on_unload is not None:
+                on_unload(engine_module)
+        patcher.add_callback(CallbacksMP.ON_DETACH, on_detach)
         return patcher
     return StandalonePatcher(module, compute_device(), offload_device(), on_unload)
 
 
+def clone_patcher(patcher):
+    """A patcher for the same module whose weight patches are its own (ComfyUI: `ModelPatcher.clone()`)."""
+    return patcher.clone()
+
+
+def patch_key_prefix(patcher) -> str:
+    """How the patcher's state-dict keys start: ComfyUI patchers of a held module see it as `inner`."""
+    return "inner." if HAS_COMFY and getattr(patcher.model, "inner", None) is not None else ""
+
+
+# ---------------------------------------------------------------------------------------------------- VRAM budget
+_vram_budget_override: int | None = None
+
+
+def set_vram_budget_gb(gigabytes: float | None) -> None:
+    """Headless: cap the device memory the pack's models and their work may use (None: what is free)."""
+    global _vram_budget_override
+    _vram_budget_override = None if gigabytes is None else int(gigabytes * 2**30)
+
+
+def _budget_cap() -> int | None:
+    if _vram_budget_override is not None:
+        return _vram_budget_override
+    value = os.environ.get("LTX25_VRAM_BUDGET_GB")
+    return int(float(value) * 2**30) if value else None
+
+
 def load_models(patchers: list, memory_required: int = 0) -> None:
-    """Put `patchers` on the compute device, evicting others when `memory_required` plus their size won't fit."""
+    """Put `patchers` on the compute device, evicting others when `memory_required` plus their size won't fit; a model
+    that still does not fit runs with part of its weights streamed from host memory (streaming.py)."""
     if HAS_COMFY:
-        _mm.load_models_gpu(patchers, memory_required=memory_required, force_full_load=True)
+        device = compute_device()
+        reserve = sum(streaming.slot_reserve(p.model) for p in patchers
+                      if p.model_size() + memory_required > _mm.get_free_memory(device) + p.loaded_size())
+        _mm.load_models_gpu(patchers, memory_required=memory_required + reserve)
         return
     needed = memory_required + sum(p.model_size() for p in patchers if not p.is_loaded())
     for other in _standalone_live():
-        if other in patchers or free_device_memory() >= needed:
+        if other in patchers or other.model in [p.model for p in patchers] or free_device_memory() >= needed:
             continue
         other.unload()
         _standalone_loaded.remove(next(ref for ref in _standalone_loaded if ref() is other))
     empty_cache()
     live = _standalone_live()
     for p in patchers:
-        if not p.is_loaded():
-            p.model.to(p.load_device)
+        changed = p.apply_patches()
+        if changed and p.on_unload is not None:
+            p.on_unload(p.model)  # graphs and compiled blocks captured the other weights
+        if changed or not p.is_loaded():
+            p.place(memory_required)
         if p not in live:
             _standalone_loaded.append(weakref.ref(p))
 

@@ -2,8 +2,8 @@
 the inspected file it came from."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping
 
 import torch
 
@@ -12,9 +12,14 @@ from ..ltx.files.assets import AssetInfo
 from ..ltx.errors import LTX25Error
 
 
-@dataclass
+@dataclass(frozen=True)
 class Loaded:
-    """LTX25_MODEL, LTX25_VIDEO_VAE, LTX25_AUDIO_VAE, LTX25_UPSAMPLER: weights stay offloaded until `ready`."""
+    """LTX25_MODEL, LTX25_VIDEO_VAE, LTX25_AUDIO_VAE, LTX25_UPSAMPLER: weights stay offloaded until `ready`.
+
+    A handle is a view of one engine module: `clone()` gives another view with its own weight patches (ComfyUI's
+    `ModelPatcher.clone()` in ComfyUI, the standalone patcher's twin elsewhere), so two branches of a graph can use
+    differently patched versions of one loaded model; the weights are patched in place when a view is made ready,
+    never copied whole."""
     module: torch.nn.Module
     patcher: object
     info: AssetInfo
@@ -22,10 +27,30 @@ class Loaded:
     @classmethod
     def register(cls, module: torch.nn.Module, info: AssetInfo,
                  on_unload: Callable[[torch.nn.Module], None] | None = None) -> "Loaded":
-        return cls(module, bridge.make_patcher(module, on_unload), info)
+        return cls(module, bridge.make_patcher(module, on_unload, name=info.name), info)
+
+    def clone(self) -> "Loaded":
+        return replace(self, patcher=bridge.clone_patcher(self.patcher))
+
+    def with_weight_deltas(self, deltas: Mapping[str, torch.Tensor], strength: float = 1.0) -> "Loaded":
+        """A clone whose weights are `weight + strength·delta` for each module state-dict key in `deltas` (a LoRA's
+        product, a fine-tune's difference); unknown keys are refused by name."""
+        prefix = bridge.patch_key_prefix(self.patcher)
+        known = self.module.state_dict(keep_vars=True)
+        unknown = [key for key in deltas if key not in known]
+        if unknown:
+            raise LTX25Error(self.info.name, "weight patch keys", ", ".join(unknown[:3]),
+                             f"keys of the model's state dict (e.g. {next(iter(known))})")
+        for key, delta in deltas.items():
+            if tuple(delta.shape) != tuple(known[key].shape):
+                raise LTX25Error(self.info.name, f"the patch for {key}", tuple(delta.shape), tuple(known[key].shape))
+        twin = self.clone()
+        twin.patcher.add_patches({prefix + key: (delta,) for key, delta in deltas.items()}, strength)
+        return twin
 
     def ready(self, memory_required: int = 0) -> torch.nn.Module:
-        """Load onto the compute device through model management (evicting others if needed); the module."""
+        """Load onto the compute device through model management (evicting others if needed, streaming what does
+        not fit, applying this view's patches); the module."""
         bridge.load_models([self.patcher], memory_required)
         return self.module
 

@@ -1,12 +1,11 @@
 """The sampler's denoiser, eager or accelerated: the x0 of `transformer.denoise`, with the DiT forward replayed from a
 CUDA graph per latent shape and/or its transformer blocks compiled (diffusers' regional compilation).
 
-Measured on one H200, 22B in bf16, seconds per step stage 1 / stage 2 and the whole 8 + 3 step sampling
-(docs/PERFORMANCE.md, `bench/bench_transformer.py`, which runs these same denoisers):
-- eager 0.36 / 0.49 (3.5 s): stage 1 is launch-bound (~15k kernel launches for 48 TFLOP);
-- cuda_graph 0.135 / 0.478 (2.5 s), bit-identical to eager (the same kernels, replayed);
-- compile_cuda_graph with cuDNN attention 0.094 / 0.353 (1.85 s), plus ~30 s of compilation on first use; x0 moves by
-  bf16 rounding (max |Δ| 0.13 vs eager, the size of the diffusers-vs-ours difference).
+The modes (`bench/bench_transformer.py` runs these same denoisers; their speeds are in docs/PERFORMANCE.md):
+- eager: kernel by kernel; at the half-size stage 1 the step is bound by kernel launches, not by the math;
+- cuda_graph: the same kernels replayed from a graph, so bit-identical to eager;
+- compile_cuda_graph: the repeated blocks compiled, cuDNN attention, then graphed; the fastest, after a compilation
+  on first use; x0 moves by bf16 rounding (about as much as diffusers' forward differs from ours).
 
 Graphs: one per (latent shapes, fps, context shapes, weights' dtype/device, mode), cached on the model object (so they
 go when it is garbage-collected). Inputs are copied into static buffers every call — latent tokens, σ AND the text
@@ -16,13 +15,17 @@ one memory pool: they never run concurrently and each output is consumed before 
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from ..errors import LTX25Error
+from ..streaming import is_streaming
 from .positions import patchify_audio, patchify_video
+
+log = logging.getLogger("ltx25")
 
 DenoiseFn = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 
@@ -38,7 +41,7 @@ MODES = {
     "eager": Mode(graph=False, compile=False, attention=None),
     "compile": Mode(graph=False, compile=True, attention=None),
     "cuda_graph": Mode(graph=True, compile=False, attention=None),
-    "compile_cuda_graph": Mode(graph=True, compile=True, attention="_native_cudnn"),  # the measured 1.85 s setting
+    "compile_cuda_graph": Mode(graph=True, compile=True, attention="_native_cudnn"),  # the fastest setting
 }
 ACCELERATIONS = ("auto", "eager", "cuda_graph", "compile_cuda_graph")  # the sampler node's choices
 WARMUP_CALLS = 2   # before a capture: allocator, cuBLAS handles, lazy inits and (compile) the compilation itself
@@ -63,7 +66,13 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto") 
 
     A denoiser sets the model's compiled state and attention backend for its own calls (graph modes: for their
     captures), so denoisers of different modes on one model do not disturb each other."""
-    spec = MODES[resolve_mode(mode, next(model.parameters()).device)]
+    resolved = resolve_mode(mode, next(model.parameters()).device)
+    if resolved != "eager" and is_streaming(model):
+        # A graph replays fixed addresses and a compiled block would trace the streamer's hooks: a model whose
+        # blocks stream runs eagerly (the copies, not the launches, bound its step time then).
+        log.info("LTX-2.5 sampler: %s → eager, the transformer's weights are streamed", resolved)
+        resolved = "eager"
+    spec = MODES[resolved]
     if spec.graph:
         denoise = _graph_denoiser(model, cond, fps, spec)
     else:

@@ -210,6 +210,10 @@ class LTX25Transformer(torch.nn.Module):
         self._grids: dict[tuple, Grid] = {}
         self._context: tuple | None = None  # (conditioning, device, dtype, (video, audio))
 
+    def streamable_blocks(self) -> list[torch.nn.ModuleList]:
+        """The repeated blocks weight streaming may keep on the host (streaming.py): the DiT's transformer blocks."""
+        return [self.dit.transformer_blocks]
+
     def release_caches(self) -> None:
         """Forget the cached positions and conditioning copy (they sit on the compute device)."""
         self._grids.clear()

@@ -150,6 +150,10 @@ class TextEncoderModule(nn.Module):
         self.text_embedding_projection = TextProjection(text.hidden_size, text.num_hidden_layers + 1,
                                                         video_dim, audio_dim)
 
+    def streamable_blocks(self) -> list[nn.ModuleList]:
+        """The repeated blocks weight streaming may keep on the host (streaming.py): Gemma's decoder layers."""
+        return [self.gemma.language_model.layers]
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ids, mask [B, T] → (video [B, T, video_dim], audio [B, T, audio_dim]); call under inference mode.
 

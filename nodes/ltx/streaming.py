@@ -1,0 +1,289 @@
+"""Weight streaming: run a model whose weights do not all fit on the compute device.
+
+A model names its repeated blocks (`streamable_blocks()`: the DiT's 48 transformer blocks, Gemma's 48 decoder
+layers). `place` puts everything else and as many whole blocks as the budget allows on the device; the remaining
+blocks' tensors stay in pinned host memory and `BlockStreamer` copies them, one block ahead, into two device slots
+on a side stream, so the copy of block i+1 overlaps the compute of block i. A streamed block's tensors are swapped
+into the module only for the duration of its forward; outside it the module holds its host tensors, so moving or
+unloading the model needs no knowledge of the streamer.
+
+The streamer works on whatever tensors of the blocks are off the device when it is installed, so it also covers a
+placement made by someone else (ComfyUI's partial loading, which leaves modules it cannot cast on the host).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+from .errors import LTX25Error
+
+log = logging.getLogger("ltx25")
+SLOTS = 2          # the block being computed, and the next one being copied
+ALIGN = 256        # bytes: every tensor view in a slot starts on a boundary any kernel accepts
+GIB = 2**30
+
+
+def tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _owned_tensors(module: nn.Module) -> Iterator[tuple[nn.Module, str, torch.Tensor]]:
+    """(owner, name, tensor) for every parameter and buffer under `module`, each tensor once."""
+    seen: set[int] = set()
+    for owner in module.modules():
+        for table in (owner._parameters, owner._buffers):
+            for name, tensor in table.items():
+                if tensor is not None and id(tensor) not in seen:
+                    seen.add(id(tensor))
+                    yield owner, name, tensor
+
+
+def blocks_of(model: nn.Module) -> list[nn.Module]:
+    """The model's streamable blocks in execution order (empty for a model that declares none)."""
+    declared = getattr(model, "streamable_blocks", None)
+    return [block for blocks in declared() for block in blocks] if callable(declared) else []
+
+
+# ---------------------------------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class Placement:
+    """What a placement keeps on the device and what streams, in bytes."""
+    total_blocks: int
+    resident_blocks: int
+    resident_bytes: int     # weights kept on the device (blocks and everything else)
+    streamed_bytes: int     # copied host → device once per forward
+    slot_bytes: int         # the two device slots the streamed blocks pass through
+    working_bytes: int      # the caller's activation estimate
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.resident_bytes + self.slot_bytes + self.working_bytes
+
+    def describe(self, name: str) -> str:
+        if not self.streamed_bytes:
+            return (f"{name}: fully resident, {self.resident_bytes / GIB:.2f} GiB of weights + "
+                    f"{self.working_bytes / GIB:.2f} GiB working memory")
+        return (f"{name}: {self.resident_blocks} of {self.total_blocks} blocks resident "
+                f"({self.resident_bytes / GIB:.2f} GiB on the device), {self.total_blocks - self.resident_blocks} "
+                f"streamed from pinned host memory ({self.streamed_bytes / GIB:.2f} GiB per forward, through "
+                f"{self.slot_bytes / GIB:.2f} GiB of slots); expected peak {self.peak_bytes / GIB:.2f} GiB")
+
+
+def plan_placement(other_bytes: int, block_bytes: Sequence[int], working_bytes: int, budget: int,
+                   where: str = "model") -> Placement:
+    """How many leading blocks stay resident within `budget` bytes: everything that is not a block
+    (`other_bytes`) and the working memory always are; streaming costs two slots of the largest streamed block.
+    Raises when even streaming every block does not fit."""
+    total = other_bytes + sum(block_bytes)
+    if total + working_bytes <= budget:
+        return Placement(len(block_bytes), len(block_bytes), total, 0, 0, working_bytes)
+    slot = SLOTS * max(block_bytes, default=0)
+    floor = other_bytes + slot + working_bytes
+    if not block_bytes or floor > budget:
+        raise LTX25Error(where, "the memory needed even with every block streamed", f"{floor / GIB:.2f} GiB "
+                         f"({other_bytes / GIB:.2f} GiB of other weights, {slot / GIB:.2f} GiB of slots, "
+                         f"{working_bytes / GIB:.2f} GiB working memory)", f"at most the {budget / GIB:.2f} GiB "
+                         "available", "Free device memory (close other programs, unload other models), lower the "
+                         "resolution or frame count, or run this model on the CPU.")
+    resident, used = 0, floor
+    while resident < len(block_bytes) and used + block_bytes[resident] <= budget:
+        used += block_bytes[resident]
+        resident += 1
+    streamed = sum(block_bytes[resident:])
+    return Placement(len(block_bytes), resident, total - streamed, streamed, slot, working_bytes)
+
+
+def place(model: nn.Module, device: torch.device, budget: int, working_bytes: int = 0,
+          where: str = "model") -> Placement:
+    """Move `model` onto `device` within `budget` bytes (weights + `working_bytes`), streaming the blocks that do not
+    fit; any earlier streamer is removed first. Returns the placement (log it: it is the plan users read)."""
+    remove_streamer(model)
+    blocks = blocks_of(model)
+    block_ids = {id(t) for block in blocks for _, _, t in _owned_tensors(block)}
+    other = [t for _, _, t in _owned_tensors(model) if id(t) not in block_ids]
+    block_bytes = [tensor_bytes([t for _, _, t in _owned_tensors(block)]) for block in blocks]
+    plan = plan_placement(tensor_bytes(other), block_bytes, working_bytes, budget, where)
+    if plan.resident_blocks == len(blocks):
+        model.to(device)
+        return plan
+    streamed = {id(m) for block in blocks[plan.resident_blocks:] for m in block.modules()}
+    for owner in model.modules():  # each owner's direct tensors go where its block goes
+        target = torch.device("cpu") if id(owner) in streamed else device
+        for table in (owner._parameters, owner._buffers):
+            for name, tensor in table.items():
+                if tensor is not None and tensor.device != target:
+                    _assign(table, name, tensor.to(target))
+    BlockStreamer(blocks, device, force_stream=blocks[plan.resident_blocks:]).install(model)
+    return plan
+
+
+def _assign(table: dict, name: str, value: torch.Tensor) -> None:
+    old = table[name]
+    if isinstance(old, nn.Parameter):
+        value = nn.Parameter(value, requires_grad=old.requires_grad)
+    table[name] = value
+
+
+def streamer_of(model: nn.Module) -> "BlockStreamer | None":
+    return vars(model).get("_ltx25_streamer")
+
+
+def is_streaming(model: nn.Module) -> bool:
+    streamer = streamer_of(model)
+    return streamer is not None and streamer.streamed_count > 0
+
+
+def remove_streamer(model: nn.Module) -> None:
+    streamer = vars(model).pop("_ltx25_streamer", None)
+    if streamer is not None:
+        streamer.remove()
+
+
+# ---------------------------------------------------------------------------------------------------- streaming
+@dataclass
+class _Streamed:
+    """One block's host tensors and where each sits in a slot."""
+    index: int
+    entries: list[tuple[dict, str, torch.Tensor, int]]  # (owner table, name, host tensor, byte offset in a slot)
+    nbytes: int
+
+
+class BlockStreamer:
+    """Swaps host-resident block tensors through device slots around each block's forward (see the module
+    docstring). On a CUDA device the next streamed block is copied on a side stream while this one computes; the
+    copy into a slot waits until the block that last used the slot has finished with it."""
+
+    def __init__(self, blocks: Sequence[nn.Module], device: torch.device,
+                 force_stream: Sequence[nn.Module] = ()) -> None:
+        self.blocks, self.device = list(blocks), torch.device(device)
+        forced = set(map(id, force_stream))
+        self.streamed: dict[int, _Streamed] = {}
+        for index, block in enumerate(self.blocks):
+            entries, offset = [], 0
+            for owner, name, tensor in _owned_tensors(block):
+                table = owner._parameters if name in owner._parameters else owner._buffers
+                if tensor.device == self.device and id(block) not in forced:
+                    continue
+                host = tensor.detach()
+                if self.device.type == "cuda" and not host.is_pinned():
+                    host = host.pin_memory()  # pinned: the copy is asynchronous and runs at the link's speed
+                _assign(table, name, host)
+                entries.append((table, name, table[name], offset))
+                offset += -(-host.numel() * host.element_size() // ALIGN) * ALIGN
+            if entries:
+                self.streamed[index] = _Streamed(index, entries, offset)
+        self.order = sorted(self.streamed)
+        self.slot_bytes = max((s.nbytes for s in self.streamed.values()), default=0)
+        self.slots: list[torch.Tensor] = []
+        self.slot_of: dict[int, int] = {}          # streamed block index → the slot its tensors are in
+        self.ready: dict[int, object] = {}         # block index → event: its copy has finished
+        self.free: list[object] = [None] * SLOTS   # slot → event: its last user has finished
+        self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.next_slot = 0
+        self.hooks: list = []
+        self.bytes_copied = 0
+
+    @property
+    def streamed_count(self) -> int:
+        return len(self.order)
+
+    def install(self, model: nn.Module) -> "BlockStreamer":
+        for index, block in enumerate(self.blocks):
+            if index in self.streamed:
+                self.hooks.append(block.register_forward_pre_hook(lambda _m, _a, i=index: self._enter(i)))
+                self.hooks.append(block.register_forward_hook(lambda _m, _a, _o, i=index: self._leave(i)))
+        model._ltx25_streamer = self
+        return self
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks.clear()
+        if self.copy_stream is not None:
+            self.copy_stream.synchronize()
+        self.slots, self.slot_of, self.ready = [], {}, {}
+
+    # the copies ---------------------------------------------------------------------------------------------
+    def _slot_views(self, streamed: _Streamed, slot: int) -> list[torch.Tensor]:
+        buffer = self.slots[slot]
+        return [buffer[offset:offset + host.numel() * host.element_size()].view(host.dtype).view(host.shape)
+                for _, _, host, offset in streamed.entries]
+
+    def _stage(self, index: int) -> None:
+        """Start copying block `index` into the next slot (on the side stream on CUDA)."""
+        if not self.slots:
+            self.slots = [torch.empty(self.slot_bytes, dtype=torch.uint8, device=self.device) for _ in range(SLOTS)]
+        slot, streamed = self.next_slot, self.streamed[index]
+        self.next_slot = (slot + 1) % SLOTS
+        for other, used in list(self.slot_of.items()):
+            if used == slot:
+                del self.slot_of[other]
+                self.ready.pop(other, None)
+        if self.copy_stream is None:
+            for view, (_, _, host, _) in zip(self._slot_views(streamed, slot), streamed.entries):
+                view.copy_(host)
+        else:
+            with torch.cuda.stream(self.copy_stream):
+                if self.free[slot] is not None:
+                    self.copy_stream.wait_event(self.free[slot])
+                for view, (_, _, host, _) in zip(self._slot_views(streamed, slot), streamed.entries):
+                    view.copy_(host, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self.copy_stream)
+                self.ready[index] = event
+        self.slot_of[index] = slot
+        self.bytes_copied += streamed.nbytes
+
+    def _enter(self, index: int) -> None:
+        if index not in self.slot_of:
+            self._stage(index)
+        if index in self.ready:
+            torch.cuda.current_stream(self.device).wait_event(self.ready.pop(index))
+        streamed = self.streamed[index]
+        for view, (table, name, _, _) in zip(self._slot_views(streamed, self.slot_of[index]), streamed.entries):
+            table[name] = view
+        following = self.order[(self.order.index(index) + 1) % len(self.order)]
+        if following != index and following not in self.slot_of:
+            self._stage(following)
+
+    def _leave(self, index: int) -> None:
+        streamed = self.streamed[index]
+        for table, name, host, _ in streamed.entries:
+            table[name] = host
+        slot = self.slot_of[index]
+        if self.copy_stream is not None:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            self.free[slot] = event
+        del self.slot_of[index]  # the next forward copies it again: the slot is someone else's by then
+
+
+def adopt(model: nn.Module, device: torch.device) -> BlockStreamer | None:
+    """After someone else placed `model` partly on `device` (ComfyUI's partial loading leaves what it cannot cast on
+    the host): move the small non-block tensors it left behind onto the device and stream the blocks' host tensors.
+    Returns the streamer, or None when everything is on the device."""
+    remove_streamer(model)
+    device = torch.device(device)
+    blocks = blocks_of(model)
+    in_blocks = {id(m) for block in blocks for m in block.modules()}
+    for owner in model.modules():
+        if id(owner) in in_blocks:
+            continue
+        for table in (owner._parameters, owner._buffers):
+            for name, tensor in table.items():
+                if tensor is not None and tensor.device != device:
+                    _assign(table, name, tensor.to(device))
+    streamer = BlockStreamer(blocks, device)
+    if not streamer.streamed_count:
+        return None
+    return streamer.install(model)
+
+
+def slot_reserve(model: nn.Module) -> int:
+    """Device bytes the two streaming slots take at most (two of the largest block), 0 for a model without blocks."""
+    blocks = blocks_of(model)
+    return SLOTS * max((tensor_bytes([t for _, _, t in _owned_tensors(b)]) for b in blocks), default=0)

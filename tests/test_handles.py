@@ -1,0 +1,102 @@
+"""Patchable model handles (nodes/comfy/handles.py, standalone patcher in bridge.py): clones share one module and
+carry their own weight patches, applied in place when a clone is made ready; a handle loaded under a small VRAM
+budget streams its blocks and gives the same output."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from nodes.comfy import bridge
+from nodes.comfy.handles import Loaded
+from nodes.ltx import streaming
+from nodes.ltx.conditioning import Conditioning
+from nodes.ltx.dit import transformer as T
+from nodes.ltx.errors import LTX25Error
+from nodes.ltx.files.assets import inspect_asset
+from nodes.tools.tiny.common import TINY_DIMS
+
+KEY = "dit.transformer_blocks.1.attn1.to_q.weight"
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(5)
+    return (torch.randn(1, 128, 2, 2, 2, generator=g), torch.randn(1, 8, 9, 16, generator=g),
+            Conditioning(torch.randn(1, 1024, TINY_DIMS["video_inner"], generator=g),
+                         torch.randn(1, 1024, TINY_DIMS["audio_inner"], generator=g)))
+
+
+@pytest.fixture
+def handle(transformer_path):
+    model = T.load_transformer(transformer_path, torch.float32)
+    return Loaded.register(model, inspect_asset(transformer_path))
+
+
+def _x0(handle: Loaded) -> torch.Tensor:
+    video, audio, cond = _inputs()
+    return T.denoise(handle.ready(), video, audio, 0.5, cond, 24.0)[0]
+
+
+def test_two_branches_hold_differently_patched_views_of_one_model(handle):
+    """A clone with a delta on one weight and the unpatched handle, used alternately as two graph branches would:
+    each gives its own output (the patched one equals a hand-patched copy), they share one module, and no weight
+    is held twice (the shared module's tensors keep their storage; only the patched tensor's original is backed
+    up)."""
+    delta = torch.randn(handle.module.state_dict()[KEY].shape, generator=torch.Generator().manual_seed(1)) * 0.5
+    patched = handle.with_weight_deltas({KEY: delta}, strength=0.8)
+    assert patched.module is handle.module and patched.patcher is not handle.patcher
+    reference = copy.deepcopy(handle.module)
+    with torch.no_grad():
+        reference.state_dict(keep_vars=True)[KEY].add_(0.8 * delta)
+    video, audio, cond = _inputs()
+    want_patched = T.denoise(reference, video, audio, 0.5, cond, 24.0)[0]
+    want_base = _x0(handle)
+    storages = {k: t.data_ptr() for k, t in handle.module.state_dict().items()}
+    for _ in range(2):
+        assert torch.allclose(_x0(patched), want_patched, rtol=1e-5, atol=1e-6 * float(want_patched.abs().max()))
+        assert torch.equal(_x0(handle), want_base)
+    assert {k: t.data_ptr() for k, t in handle.module.state_dict().items()} == storages
+    backup = vars(handle.module)["_ltx25_patch_state"]["backup"]
+    assert set(backup) <= {KEY}
+
+
+def test_a_patch_change_releases_the_captured_graphs(transformer_path):
+    """Switching to a clone with other weights runs the model's release hook (CUDA graphs and compiled blocks
+    captured the previous weights); reusing the same view does not."""
+    released = []
+    model = T.load_transformer(transformer_path, torch.float32)
+    base = Loaded.register(model, inspect_asset(transformer_path), on_unload=released.append)
+    patched = base.with_weight_deltas({KEY: torch.ones_like(model.state_dict()[KEY])}, 0.1)
+    base.ready()
+    base.ready()
+    assert released == []
+    patched.ready()
+    assert released == [model]
+
+
+def test_bad_weight_patches_are_refused_by_name(handle):
+    with pytest.raises(LTX25Error, match="dit.nope"):
+        handle.with_weight_deltas({"dit.nope": torch.zeros(1)})
+    with pytest.raises(LTX25Error, match=KEY):
+        handle.with_weight_deltas({KEY: torch.zeros(3)})
+
+
+def test_a_small_vram_budget_streams_the_blocks_with_the_same_output(deep_transformer):
+    """Headless, a budget below the model's size (LTX25_VRAM_BUDGET_GB / set_vram_budget_gb) makes `ready` place
+    the model with its blocks streamed; the output equals the resident one bit for bit."""
+    model = copy.deepcopy(deep_transformer)
+    handle = Loaded(model, bridge.make_patcher(model), None)
+    want = _x0(handle)
+    largest = max(bridge.module_bytes(b) for b in streaming.blocks_of(model))
+    bridge.unload_model(handle.patcher)
+    bridge.set_vram_budget_gb((bridge.module_bytes(model) - 1) / 2**30)
+    try:
+        got = _x0(handle)
+        plan_streams = streaming.is_streaming(model)
+        streamed = streaming.streamer_of(model).streamed_count
+    finally:
+        bridge.set_vram_budget_gb(None)
+        bridge.unload_model(handle.patcher)
+    assert plan_streams and streamed == 3 and largest > 0  # 5 blocks: two slots + two resident fit under the size
+    assert torch.equal(got, want)

@@ -1,0 +1,130 @@
+"""Weight streaming (nodes/ltx/streaming.py): the placement plan for a table of budgets, a clear error when nothing
+fits, and streamed runs of the tiny transformer and text encoder that are bit-identical to resident runs while the
+streamed blocks' weights really pass through the two device slots."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from nodes.ltx import streaming
+from nodes.ltx.conditioning import Conditioning
+from nodes.ltx.dit import transformer as T
+from nodes.ltx.errors import LTX25Error
+from nodes.ltx.text import encoder as te
+from nodes.tools.tiny.common import TINY_DIMS
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize("budget_gib, resident", [
+    (60.0, 4),   # everything fits with its working memory: fully resident, no slots
+    (40.0, 4),   # exactly fits: 2 GiB other + 4 × 8 GiB blocks + 6 GiB working
+    (39.0, 1),   # floor 2 + 2 slots × 8 + 6 = 24, one block more is 32, a second would be 40
+    (24.0, 0),   # the floor itself: every block streams
+])
+def test_plan_keeps_the_leading_blocks_that_fit(budget_gib, resident):
+    """Weights other than blocks, two slots of the largest block and the working memory always fit first; then
+    leading blocks while the budget allows. A wrong slot count or order of accounting moves these numbers."""
+    plan = streaming.plan_placement(2 * GIB, [8 * GIB] * 4, 6 * GIB, int(budget_gib * GIB))
+    assert plan.resident_blocks == resident
+    assert plan.streamed_bytes == (4 - resident) * 8 * GIB
+    assert plan.slot_bytes == (0 if resident == 4 else 16 * GIB)
+    assert plan.peak_bytes <= budget_gib * GIB
+
+
+def test_plan_refuses_with_numbers_when_even_streaming_cannot_fit():
+    """Below the floor (other weights + two slots + working memory) the error says what was needed and what was
+    available, in GiB, and what to do."""
+    with pytest.raises(LTX25Error) as caught:
+        streaming.plan_placement(2 * GIB, [8 * GIB] * 4, 6 * GIB, 20 * GIB, where="LTX25DistilledSampler.model")
+    message = str(caught.value)
+    assert "LTX25DistilledSampler.model" in message and "24.00 GiB" in message and "20.00 GiB" in message
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(3)
+    video, audio = torch.randn(1, 128, 2, 2, 2, generator=g), torch.randn(1, 8, 9, 16, generator=g)
+    cond = Conditioning(torch.randn(1, 1024, TINY_DIMS["video_inner"], generator=g),
+                        torch.randn(1, 1024, TINY_DIMS["audio_inner"], generator=g))
+    return video, audio, cond
+
+
+def _watch_slots(model: torch.nn.Module, seen: list) -> list:
+    """Forward hooks recording, for each streamed block, whether its weights lay in a slot during its forward and
+    equalled the host copy."""
+    streamer = streaming.streamer_of(model)
+    hooks = []
+    for index in streamer.streamed:
+        def check(_module, _args, index=index):
+            slots = [(s.data_ptr(), s.data_ptr() + s.numel()) for s in streamer.slots]
+            for table, name, host, _ in streamer.streamed[index].entries:
+                live = table[name]
+                inside = any(lo <= live.data_ptr() < hi for lo, hi in slots)
+                seen.append((index, inside, torch.equal(live, host)))
+        hooks.append(streamer.blocks[index].register_forward_pre_hook(check))
+        # registered after the streamer's own pre-hook, so it sees the swapped-in tensors
+    return hooks
+
+
+def test_streamed_transformer_is_bit_identical_to_resident(deep_transformer):
+    """A budget that keeps no block resident: every block's weights pass through the slots (checked inside each
+    forward), outside a forward the module holds its host tensors again, and the x0 equals the resident run's
+    exactly."""
+    model = copy.deepcopy(deep_transformer)
+    video, audio, cond = _inputs()
+    want = T.denoise(model, video, audio, 0.6, cond, 24.0)
+    blocks = streaming.blocks_of(model)
+    other = streaming.tensor_bytes([t for _, _, t in streaming._owned_tensors(model)]) - sum(
+        streaming.tensor_bytes([t for _, _, t in streaming._owned_tensors(b)]) for b in blocks)
+    largest = max(streaming.tensor_bytes([t for _, _, t in streaming._owned_tensors(b)]) for b in blocks)
+    plan = streaming.place(model, torch.device("cpu"), other + 2 * largest, where="test")
+    assert plan.resident_blocks == 0 and streaming.is_streaming(model)
+    seen: list = []
+    hooks = _watch_slots(model, seen)
+    for _ in range(2):  # the second forward reuses the block prefetched at the end of the first
+        got = T.denoise(model, video, audio, 0.6, cond, 24.0)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for hook in hooks:
+        hook.remove()
+    assert len(seen) == 2 * sum(len(streaming.streamer_of(model).streamed[i].entries) for i in range(len(blocks)))
+    assert all(inside and equal for _, inside, equal in seen), seen[:4]
+    host_ptrs = {e[2].data_ptr() for s in streaming.streamer_of(model).streamed.values() for e in s.entries}
+    block_ptrs = {t.data_ptr() for b in blocks for _, _, t in streaming._owned_tensors(b)}
+    assert block_ptrs == host_ptrs  # between forwards the blocks hold their host tensors
+
+
+def test_partly_resident_transformer_streams_only_the_rest(deep_transformer):
+    """With room for two blocks beside the slots, blocks 0 and 1 stay resident (no hooks) and 2–4 stream; same x0;
+    removing the streamer leaves a working module."""
+    model = copy.deepcopy(deep_transformer)
+    video, audio, cond = _inputs()
+    want = T.denoise(model, video, audio, 0.3, cond, 24.0)
+    sizes = [streaming.tensor_bytes([t for _, _, t in streaming._owned_tensors(b)])
+             for b in streaming.blocks_of(model)]
+    total = streaming.tensor_bytes([t for _, _, t in streaming._owned_tensors(model)])
+    plan = streaming.place(model, torch.device("cpu"), total - sum(sizes[2:]) + 2 * max(sizes), where="test")
+    assert plan.resident_blocks == 2 and sorted(streaming.streamer_of(model).streamed) == [2, 3, 4]
+    got = T.denoise(model, video, audio, 0.3, cond, 24.0)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    streaming.remove_streamer(model)
+    assert not streaming.is_streaming(model)
+    again = T.denoise(model, video, audio, 0.3, cond, 24.0)
+    assert torch.equal(again[0], want[0])
+
+
+def test_streamed_text_encoder_is_bit_identical_to_resident(tiny_file):
+    """Gemma's decoder layers stream like the DiT's blocks: the projected features are unchanged."""
+    spec = te.TextEncoderSpec.from_file(tiny_file("text_encoder"), torch.float32)
+    module = te.load_text_encoder(spec)
+    tokens = spec.tokenizer.encode(["a fox in the snow", "waves at dusk"])
+    want = te.run_encoder(module, tokens.ids, tokens.mask)
+    layers = streaming.blocks_of(module)
+    assert len(layers) == TINY_DIMS["text_layers"]
+    largest = max(streaming.tensor_bytes([t for _, _, t in streaming._owned_tensors(b)]) for b in layers)
+    total = streaming.tensor_bytes([t for _, _, t in streaming._owned_tensors(module)])
+    plan = streaming.place(module, torch.device("cpu"), total - 3 * largest + 2 * largest, where="test")
+    assert 0 < plan.resident_blocks < len(layers)
+    got = te.run_encoder(module, tokens.ids, tokens.mask)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
