@@ -10,9 +10,9 @@ from ..ltx.kernels.na_attention import PROCESSORS
 CATEGORY = "LTX-2.5/decode"
 NODE = "LTX25DiffusionVAEDecode"
 PROCESSOR_INPUT = (list(PROCESSORS), {"default": "auto", "tooltip": (
-    "Neighborhood-attention backend. auto: the fastest measured (NVIDIA Ampere or newer with Triton: the pack's "
-    "triton kernel; other CUDA GPUs: comfy_kitchen for the small windows and sdpa for the 11x11x11 pixel stage; "
-    "sdpa otherwise; docs/PERFORMANCE.md). sdpa: exact blocked PyTorch attention, runs anywhere. triton: the "
+    "Neighborhood-attention backend. auto: the fastest one this machine has (NVIDIA Ampere or newer with Triton: "
+    "the pack's triton kernel; other CUDA GPUs: comfy_kitchen for the small windows and sdpa for the 11x11x11 "
+    "pixel stage; sdpa otherwise). sdpa: exact blocked PyTorch attention, runs anywhere. triton: the "
     "pack's fused kernel. "
     "All give the same video within float tolerance.")})
 TILING_INPUTS = {

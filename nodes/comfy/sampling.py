@@ -13,10 +13,11 @@ MAX_SEED = 0xFFFFFFFFFFFFFFFF
 LATENT_PAIR_TOOLTIPS = ("Video latent [B,128,F',H/32,W/32] (normalized), with its frame_rate.",
                         "Audio latent [B,8,T,16], with its frame_rate.")
 ACCELERATION_TOOLTIP = (
-    "auto: cuda_graph on a CUDA GPU, eager elsewhere. H200, 22B bf16, s/step stage 1 / 2 (8+3 sampling): "
-    "eager 0.36 / 0.49 (3.5 s); cuda_graph 0.135 / 0.478 (2.5 s), bit-identical to eager, one capture per shape; "
-    "compile_cuda_graph (torch.compile + graph + cuDNN attention) 0.094 / 0.353 (1.85 s), ~30 s to compile on "
-    "first use, differs from eager by bf16 rounding. Graph modes need CUDA.")
+    "How each step's transformer forward runs. auto: cuda_graph on a CUDA GPU, eager elsewhere. eager: kernel by "
+    "kernel. cuda_graph: the same kernels replayed from one CUDA graph per latent shape (captured on first use), "
+    "bit-identical to eager. compile_cuda_graph: the repeated blocks compiled with torch.compile, cuDNN attention, "
+    "then graphed; the fastest, but it compiles on the first use of each shape and differs from eager by bf16 "
+    "rounding. Graph modes need CUDA. Speeds: docs/PERFORMANCE.md.")
 
 
 class LTX25EmptyLatent:

@@ -1,9 +1,9 @@
 """Saves encoded in helper processes, so that the graph's threads keep the GIL.
 
 An encode's threads (each segment's x264 feeder, its yuv converter, the muxer) take the GIL for every frame, and
-every torch call of the graph's thread gives it up and must win it back. Measured on the H200 host
-(bench/bench_compare.py, docs/PERFORMANCE.md): the compare node took 0.23 s alone, 1.21 s beside two saves encoding
-on threads of its process, and 0.36 s beside the same saves in two other processes. So a save writes its float
+every torch call of the graph's thread gives it up and must win it back: beside two saves encoding on threads of
+its process the compare node ran several times slower than beside the same saves in two other processes
+(bench/bench_compare.py, docs/PERFORMANCE.md). So a save writes its float
 frames, as they are, into a pipe to a helper process running `mp4_encoder` (the writes hold no GIL), which converts
 and encodes them as they arrive, `background.NICE` below this process. Helpers are kept for the next saves (one
 per save running at once) and end when this process closes their pipe or exits.
@@ -96,7 +96,7 @@ _LOCK = threading.Lock()
 
 def _take() -> EncoderProcess:
     """An idle helper, else the spare being started, else a new one. When no helper is left idle, a spare starts in
-    the background: a helper takes ~0.4 s of CPU to start, and one started for a save that begins while others
+    the background: starting one (Python, numpy, PyAV) costs CPU, and one started for a save that begins while others
     encode (the A/B graph's third) made the first warm run the slowest."""
     while True:
         helper = None

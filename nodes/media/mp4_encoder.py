@@ -22,12 +22,11 @@ from typing import Any, BinaryIO, Iterator, Mapping
 import av
 import numpy as np
 
-# x264's "veryfast" at crf 17: measured (bench notes in docs/PERFORMANCE.md) 3× faster than the default "medium" on
-# noise-like frames (2.1 vs 6.5 s for 121 frames at 768×512, 2 cores) and 1.3× on smooth ones; the crf keeps the
-# quality, the files grow a little.
+# x264's "veryfast" at crf 17: several times faster than the default "medium" on noise-like frames and somewhat
+# faster on smooth ones (docs/PERFORMANCE.md); the crf keeps the quality, the files grow a little.
 X264_PRESET = "veryfast"
-# x264's frame threads: with the frames converted on a helper thread, 0.55 vs 0.86 s for 121 noise frames at
-# 768×512 with slice threads (16 cores, bench/bench_save_video.py); before that, the serial conversion starved them
+# x264's frame threads: faster than slice threads once the frames are converted on a helper thread
+# (bench/bench_save_video.py); before that, the serial conversion starved them
 _THREAD_TYPE = "FRAME"
 CONVERT_AHEAD = 4  # frames converted to yuv420p ahead of the encoder (each a few MB)
 # A segment must be longer than x264's B-frame delay: one of 1-2 frames has none, and the next segment's first
@@ -134,8 +133,8 @@ def encode_mp4(path: str, frames: Frames, rate: Fraction, audio: np.ndarray | No
     """Float RGB frames `[F, H, W, 3]` in [0, 1] at `rate` fps (+ float32 audio `[C, S]`, C = 1 or 2, already the
     video's length) → `path`. `metadata` values become container tags. `segments` > 1 encodes that many runs
     of frames at once, each by its own x264 starting on a key frame, and joins their packets in one stream: x264's
-    frame threads alone kept 11 of 16 cores busy (121 noise frames at 1536×512: 1.16 s, 1.03 s in 4 segments;
-    bench/bench_save_video.py). None: `default_segments`. Each frame is read once, `frames[i]`."""
+    frame threads alone leave cores idle on a many-core machine (bench/bench_save_video.py). None:
+    `default_segments`. Each frame is read once, `frames[i]`."""
     container = av.open(path, mode="w", format="mp4", options={"movflags": "use_metadata_tags"})
     try:
         for key, value in (metadata or {}).items():
@@ -152,7 +151,7 @@ def encode_mp4(path: str, frames: Frames, rate: Fraction, audio: np.ndarray | No
             sound = container.add_stream("aac", rate=sample_rate, layout="stereo" if audio.shape[0] == 2 else "mono")
         container.start_encoding()  # every encoder opened here, before the audio's is used on a thread of its own
         with ThreadPoolExecutor(max_workers=len(later) + 1, thread_name_prefix="ltx25-x264") as pool:
-            # AAC after the video took 0.3 s on one core, after the x264s had finished: the last save's tail
+            # AAC after the video ran on one core after the x264s had finished: the last save's tail
             sound_packets = pool.submit(_encode_audio, sound, audio, sample_rate) if sound is not None else None
             pending = [pool.submit(_encode_segment, frames, start, stop, rate, options, threads)
                        for start, stop in later]

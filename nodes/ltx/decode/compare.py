@@ -39,8 +39,8 @@ def _chunks(a: torch.Tensor, b: torch.Tensor, device: torch.device | None):
 
 def _upload(frames: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """`frames` on `device` in `dtype`. Pageable frames go to a GPU through a pinned copy first: the driver stages
-    a pageable upload on one thread (both decodes of the A/B, 1.14 GB, took 0.17 s on the H200 host, against 0.02 s
-    from pinned memory), while torch copies into pinned memory on all cores, into blocks its pinned cache reuses."""
+    a pageable upload on one thread (several times slower than an upload from pinned memory), while torch copies
+    into pinned memory on all cores, into blocks its pinned cache reuses."""
     if device.type == "cuda" and frames.device.type == "cpu" and not frames.is_pinned():
         frames = frames.pin_memory()
     return frames.to(device, dtype, non_blocking=True)
@@ -118,7 +118,7 @@ def _label_patch(text: str, height: int, width: int) -> torch.Tensor:
 
 def side_by_side(a: torch.Tensor, b: torch.Tensor, label_a: str, label_b: str, layout: str) -> torch.Tensor:
     """[F, H, W, 3] ×2 → [F, H, 2W, 3] ("side_by_side") or [F, 2H, W, 3] ("stacked"), each half labelled.
-    Float throughout: a uint8 round trip took seconds per 121 frames at 768×512 and quantized both halves."""
+    Float throughout: a uint8 round trip is slow on long clips and quantizes both halves."""
     height, width = a.shape[1:3]
     origins = ((0, 0), (0, width) if layout == "side_by_side" else (height, 0))
     frames = a.shape[0]
@@ -175,7 +175,7 @@ _PENDING_LOCK = threading.Lock()
 def write_preview_frames(frames: torch.Tensor, folder: str, prefix: str, picks: list[int]) -> list[str]:
     """Start writing the frames at `picks` as PNGs (for the canvas A/B viewer) on the background pool and return
     their file names at once: the next nodes (the side-by-side save) need the compare's outputs, not these files,
-    and 48 PNGs of noise-like 768×512 frames took 2 CPU-seconds. Each file appears whole (written aside, then
+    and PNG-compressing dozens of frames costs seconds of CPU. Each file appears whole (written aside, then
     renamed); the viewer retries a frame that is not there yet. `wait_for_previews` waits for them."""
     os.makedirs(folder, exist_ok=True)
     tag = uuid.uuid4().hex[:8]  # a fresh name per run, so the browser never shows a cached frame

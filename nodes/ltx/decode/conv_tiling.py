@@ -242,7 +242,7 @@ def plan_tiles(latent_shape: tuple[int, int, int], request: TilingRequest, memor
     were endless (square spatial tiles, temporal tiles of at most MAX_AUTO_TEMPORAL_TILE latent frames, the
     requested overlaps), then cut to this clip. For clips at least that long the shape — and with the temporal
     groups streamed to the host, the device peak — does not depend on the length: ranking by the clip's own tile
-    count gave 241 frames whole-clip temporal tiles and 1.24× the peak of 121 (measured, docs/PERFORMANCE.md).
+    count gave a 241-frame clip whole-clip temporal tiles and a higher peak than a 121-frame one.
     Fit is judged on the clip's own tiles, so shorter clips may take larger spatial tiles. The smallest layout
     when nothing fits.
     """

@@ -384,8 +384,8 @@ class _Decode:
         on_host = torch.device(out_device).type == "cpu"
         host = HostFrames(shape, prefault=device.type != "cpu") if on_host else None
         work["out"] = torch.empty(0) if on_host else torch.empty(shape, device=out_device)
-        # frames leave through pinned staging on a side stream: a plain copy into pageable memory ran at 12 GB/s
-        # (46 ms of a 0.67 s decode at 768×512×121, the device idle meanwhile)
+        # frames leave through pinned staging on a side stream: a plain copy into pageable memory is slow and
+        # leaves the device idle meanwhile
         copier = host_copier(device, staged=on_host)
         try:
             self._decode_groups(work, latent, host, copier)
@@ -414,7 +414,7 @@ class _Decode:
             for tile in (t for t in self.tiles if t.t == span):
                 x0 = self.tile(decoder, work["pre"], tile, (height, width))
                 # built on the device: the product is a canvas-sized float32 tensor (190 MB at 768×512×121),
-                # whose copy from pageable memory took 22 ms
+                # too large to copy from pageable memory per tile
                 weight = (tile.t.weights().to(device)[:, None, None] * tile.h.weights().to(device)[None, :, None]
                           * tile.w.weights().to(device)[None, None, :])
                 work["acc"][:, :, :, tile.h.pixels[0]:tile.h.pixels[1], tile.w.pixels[0]:tile.w.pixels[1]].addcmul_(

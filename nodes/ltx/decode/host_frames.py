@@ -1,9 +1,9 @@
 """Decoded frames in host memory: the float32 IMAGE tensor ComfyUI passes on, filled from the GPU.
 
-A fresh pageable tensor takes its page faults inside the first device→host copy into it. Measured on the H200 host
-(bench/bench_host_copy.py, docs/PERFORMANCE.md): copying 121 frames of 768×512 into fresh memory took 0.50 s, into
-memory whose pages were already touched 0.05 s, and touching them 0.065 s. So the output is allocated, and its pages
-touched on a background thread, when a decode starts: the GPU is busy far longer than that. Pinned memory would copy
+A fresh pageable tensor takes its page faults inside the first device→host copy into it, which makes that copy
+several times slower than a copy into memory whose pages were already touched (bench/bench_host_copy.py,
+docs/PERFORMANCE.md). So the output is allocated, and its pages touched on a background thread, when a decode
+starts: the GPU is busy far longer than the touching takes. Pinned memory would copy
 faster still, but torch's pinned allocator rounds blocks up to a power of two and keeps them after they are freed.
 """
 from __future__ import annotations
@@ -52,8 +52,8 @@ class DeviceToHost:
     `chunk_bytes` into one of two pinned staging buffers on a side stream, and a worker thread moves each chunk into
     place once its copy is done. The caller waits only when both buffers are busy, so the last two chunks of a piece
     (all of a small one) are moved while the device goes on with the next tile; a large piece still holds the caller
-    until the rest has left. Measured (docs/PERFORMANCE.md): 7 % off an untiled 1920×1088×121 decode, none at small
-    tiles. The two buffers are kept for the process (2 × 64 MiB pinned): pinning fresh memory per decode costs more
+    until the rest has left. It pays off on large untiled decodes, not at small tiles (docs/PERFORMANCE.md).
+    The two buffers are kept for the process (2 × 64 MiB pinned): pinning fresh memory per decode costs more
     than the copies it speeds up.
     """
 

@@ -2,15 +2,15 @@
 
 diffusers' `LTX2VideoVaeDiffusionNABlock.forward` is, per block, an RMS norm then a multiply and an add for each of
 its two modulations, three out-of-place residual adds, and a SwiGLU in tiles of 16384 tokens (silu and the gate
-product as two more passes). At 768×512×121 (2.97 M tokens × 256 channels, eight blocks) the profile
-(docs/bench_logs/dvae_profile_triton.txt) put the norms at 178 ms of a 1.2 s decode and the modulations' multiplies
-and adds at 130 ms more: each a full pass over a 1.5 GB tensor.
+product as two more passes). At 768×512×121 (2.97 M tokens × 256 channels, eight blocks) each of those is a full
+pass over a 1.5 GB tensor, and together they were a large share of the decode (profile:
+docs/bench_logs/dvae_profile_triton.txt).
 
 Here each norm·modulation is one Triton pass (float32 math, one rounding), the residuals are added in place (the
 SwiGLU's down projection accumulates straight into the hidden state with `addmm_`), and the gate and up projections
 are one Triton GEMM whose epilogue applies silu(gate)·up (`swiglu_hidden`): the two hidden-width projections never
-reach memory, only their product (before: two cuBLAS GEMMs and a silu·gate pass reading both, 35 ms of them in the
-pass alone at 768×512×121). Same math as the reference; bf16 results differ by rounding only (the reference rounds
+reach memory, only their product (before: two cuBLAS GEMMs and a silu·gate pass reading both). Same math as the
+reference; bf16 results differ by rounding only (the reference rounds
 after the norm, after each modulation step and after each projection). Tested in float32 through Triton's
 interpreter against diffusers' own forward.
 """
@@ -29,8 +29,8 @@ SWIGLU_TOKENS = 65536  # tokens per SwiGLU tile: one hidden-width bf16 temporary
 @dataclass(frozen=True)
 class GemmConfig:
     """`swiglu_hidden`'s launch: output block (tokens × hidden channels), K step, warps, pipeline stages. The
-    default was the fastest of 8 shapes on a 65536-token tile (0.235 ms; cuBLAS's two projections alone 0.149 ms,
-    with silu·up as torch ops 0.315 ms; bench/bench_swiglu.py, H200)."""
+    default was the fastest of the shapes tried on a 65536-token tile (bench/bench_swiglu.py; figures in
+    docs/PERFORMANCE.md)."""
     block_m: int = 128
     block_n: int = 64
     block_k: int = 64

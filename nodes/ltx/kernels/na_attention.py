@@ -118,8 +118,8 @@ def _token_index(runs: tuple[_Run, _Run], shape: tuple[int, int], dims: tuple[in
 
 def default_query_block(kernel: tuple[int, ...], cuda: bool) -> tuple[int, int]:
     """Spatial query block `(h, w)`. GPU: 8×16 — 128 queries per frame; at k = 11 the gathered keys are
-    18·26/128 ≈ 3.7× the keys and each query scores 18·26/11² ≈ 3.9× its window. Measured per stage-5 call on an
-    H200 (768×512×121): 95 ms, against 117 ms for 8×8, 114 ms for 16×16, 183 ms for 4×8 (docs/PERFORMANCE.md).
+    18·26/128 ≈ 3.7× the keys and each query scores 18·26/11² ≈ 3.9× its window; of the blocks tried (8×8, 16×16,
+    4×8) it ran stage 5 fastest (docs/PERFORMANCE.md).
     CPU (the math kernel materializes every score): about one window."""
     return (8, 16) if cuda else tuple(min(k, 8) for k in kernel[1:])
 
@@ -196,7 +196,7 @@ def na3d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: tu
 def _rotate(x: torch.Tensor, rope, scale: float) -> torch.Tensor:
     """diffusers' `LTX2VideoVaeRotaryPosEmbed3D(x) * scale`: each axis chunk's (even, odd) pairs rotated in float32 by
     its position's angles, then cast back. One float32 copy rotated in place by one complex multiply per axis,
-    instead of ~10 full-size passes and a concat per tensor (the profile had project_qkv at 0.4 s of a 3 s decode).
+    instead of ~10 full-size passes and a concat per tensor.
     `scale` (a power of two: the query's 1/√64) is folded into the rotation, which is exact."""
     rotated = x.float()
     pairs = torch.view_as_complex(rotated.view(*x.shape[:-1], x.shape[-1] // 2, 2))
@@ -316,8 +316,8 @@ class TritonNAProcessor(NeighborhoodAttnProcessor):
 
 class ByWindowProcessor(NeighborhoodAttnProcessor):
     """Routes each call by window volume: windows of at most `max_small` keys to `small`, larger ones to `large`.
-    On an H200 comfy_kitchen's fused kernel is 4-9× faster than blocked SDPA on the deterministic stages' 3×7×7 and
-    3×5×5 windows, and blocked SDPA the faster on stage 5's 11×11×11 (profile of 2026-11-29, docs/PERFORMANCE.md)."""
+    comfy_kitchen's fused kernel beats blocked SDPA on the deterministic stages' 3×7×7 and 3×5×5 windows, and
+    blocked SDPA beats it on stage 5's 11×11×11 (docs/PERFORMANCE.md)."""
 
     def __init__(self, small: NeighborhoodAttnProcessor, large: NeighborhoodAttnProcessor,
                  max_small: int = SMALL_WINDOW) -> None:
@@ -354,10 +354,11 @@ def natten_status() -> tuple[bool, bool]:
 
 def choose_processor(requested: str, device_type: str, ck_backends: tuple[str, ...],
                      natten: tuple[bool, bool], triton: bool) -> str:
-    """`auto` → the fastest measured (H200, docs/PERFORMANCE.md). On CUDA: our Triton kernel where it runs (Triton,
-    an NVIDIA GPU of Ampere or newer, a first launch that compiled) — 1.5× blocked SDPA on stage 5's 11³ window and
-    2.7-3× comfy_kitchen's fused kernel on the 3×7×7 and 3×5×5 ones. Otherwise on CUDA comfy_kitchen's `cuda` or
-    `triton` backend for the small windows of stages 1-4 and blocked SDPA for stage 5 (`comfy_kitchen+sdpa`, see
+    """`auto` → the fastest processor available (ranking in docs/PERFORMANCE.md). On CUDA: our Triton kernel where
+    it runs (Triton, an NVIDIA GPU of Ampere or newer, a first launch that compiled) — ahead of blocked SDPA on stage
+    5's 11³ window and of comfy_kitchen's fused kernel on the 3×7×7 and 3×5×5 ones. Otherwise on CUDA
+    comfy_kitchen's `cuda` or `triton` backend for the small windows of stages 1-4 and blocked SDPA for stage 5
+    (`comfy_kitchen+sdpa`, see
     `ByWindowProcessor`); else blocked SDPA (on the CPU comfy_kitchen runs its eager path, slower than SDPA).
     NATTEN's CUDA library was not measured, so auto never picks it; it stays selectable by name."""
     if requested != "auto":

@@ -1,7 +1,7 @@
 """Fused 3-D neighborhood attention in Triton: the `triton` processor's kernel.
 
 Why our own kernel: stage 5's 11×11×11 window is where the diffusion decoder spends its time, and no kernel we can
-ship runs it well — comfy-kitchen's fused `na3d` takes 3× longer than blocked SDPA there, and NATTEN's CUDA library
+ship runs it well — comfy-kitchen's fused `na3d` is slower than blocked SDPA there, and NATTEN's CUDA library
 must be built on the user's machine. Blocked SDPA (`na3d_sdpa`) first copies each query block's key region (3.7×
 the keys) and then scores a 3.9× superset of every window.
 
@@ -15,11 +15,11 @@ truncated. At 4×4×8 query tiles and k = 11 each query scores 14·14·18 = 3528
 nothing gathered.
 
 The window mask runs on the tensor cores. Testing each score against the query's window (three subtractions and
-compares, ands, a select) took half of stage 5's kernel time (63 ms against 33 ms with no mask at all, H200). Instead
+compares, ands, a select) took about half of stage 5's kernel time (docs/PERFORMANCE.md). Instead
 each key carries a one-hot of its box coordinate per axis (`_key_onehots`, the same table for every program, since
 the box has one shape) and each query a row that is 0 at the coordinates inside its window and −`FAR` outside; their
 product, accumulated into the same `tl.dot` as q·k, adds exactly 0 to the window's scores (sums of exact zeros) and
-at least `FAR` below to every other, whose exp2 is then exactly 0 (44 ms; 41 with the default 8 warps).
+at least `FAR` below to every other, whose exp2 is then exactly 0.
 
 Exactness is tested against the dense window-masked reference with Triton's interpreter on the CPU
 (`TRITON_INTERPRET=1`, tests/test_na_triton.py); on the GPU the compiled kernel runs.
@@ -47,8 +47,8 @@ WHERE = "processor"
 @dataclass(frozen=True)
 class KernelConfig:
     """Launch shape: query tile (t, h, w) — its product is the queries per program — key block, warps, stages.
-    The default was the fastest of 10 shapes on stage 5 (41.0 ms against 43.7 with 4 warps) and within 15 % of
-    the best on stages 1-4 (H200, bench/bench_na_kernel.py, docs/PERFORMANCE.md)."""
+    The default was the fastest shape on stage 5 and near the best on stages 1-4 in a launch sweep
+    (bench/bench_na_kernel.py; figures in docs/PERFORMANCE.md)."""
     tile: tuple[int, int, int] = (4, 4, 8)
     block_n: int = 64
     num_warps: int = 8
@@ -231,9 +231,9 @@ def norm_rope(x: torch.Tensor, norm: torch.nn.RMSNorm, rope, scale: float, block
     """`_rotate(norm(x), rope, scale)` of na_attention in one pass: `x` `[B, T, H, W, heads, D]` (a projection's
     output) RMS-normed over D with the module's weight and eps, rotated by diffusers' 3-D RoPE at the tensor's own
     positions, times `scale`; all in float32 with one rounding to x's dtype at the end (the unfused path rounds
-    after the norm too). The unfused path made five full passes over q and k: 0.23 s of a 1.29 s decode. Rows are
-    loaded whole and split into pairs in registers: loading the even and odd elements as two strided streams ran
-    at a sixth of the memory bandwidth (4.6 ms per stage-5 call, 0.22 s of a 1.08 s decode).
+    after the norm too). The unfused path made five full passes over q and k. Rows are loaded whole and split
+    into pairs in registers: loading the even and odd elements as two strided streams used a small fraction of
+    the memory bandwidth.
 
     `x` may be a view with its tokens evenly strided (q or k of one fused q|k|v projection): it is read in place,
     and with `in_place` written back there (no copy of the projection)."""
