@@ -54,8 +54,9 @@ class StubServer:
 
 
 def _tensors(value: Any, path: str, torch, depth: int = 0):
-    """(path, tensor) for every tensor in a node output: plain values, dicts, lists, dataclasses; not modules."""
-    if depth > 6 or isinstance(value, torch.nn.Module):
+    """(path, tensor) for every tensor in a node output: plain values, dicts, lists, dataclasses; not modules, nor
+    transformers configs (numbers only; from 5.2x some of their fields raise when read on a per-layer config)."""
+    if depth > 6 or isinstance(value, torch.nn.Module) or type(value).__module__.startswith("transformers."):
         return
     if isinstance(value, torch.Tensor):
         yield path, value
@@ -68,6 +69,17 @@ def _tensors(value: Any, path: str, torch, depth: int = 0):
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         for f in dataclasses.fields(value):
             yield from _tensors(getattr(value, f.name), f"{path}.{f.name}", torch, depth + 1)
+
+
+def _cached_outputs(executor, node_id: str) -> list:
+    """A node's raw outputs from the executor's output cache. ComfyUI 0.33's cache `get` is a coroutine returning a
+    `CacheEntry(ui, outputs)`; 0.3.x returned the outputs list itself, synchronously."""
+    entry = executor.caches.outputs.get(node_id)
+    if inspect.isawaitable(entry):
+        entry = asyncio.run(entry)
+    if entry is None:
+        return []
+    return list(entry.outputs) if hasattr(entry, "outputs") else list(entry)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
             if not valid:
                 continue
             server = StubServer()
-            executor = execution.PromptExecutor(server, cache_type=execution.CacheType.CLASSIC)
+            # cache_args as main.py gives them for --cache-classic: 0.33 reads "ram" and "ram_inactive" even then
+            executor = execution.PromptExecutor(server, cache_type=execution.CacheType.CLASSIC,
+                                                cache_args={"lru": 0, "ram": 0, "ram_inactive": 0})
             executor.execute(prompt, name, {"client_id": None}, outputs)
             entry["success"] = bool(executor.success)
             entry["messages"] = [[event, {k: v for k, v in data.items() if k != "current_inputs"}]
@@ -176,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             for node_id, node in prompt.items():
                 if node["class_type"] not in pack_classes:
                     continue
-                raw = executor.caches.outputs.get(node_id) or []
+                raw = _cached_outputs(executor, node_id)
                 for i, per_output in enumerate(raw):
                     for label, t in _tensors(per_output, f"{node_id}:{node['class_type']}[{i}]", torch):
                         tensors.append({"node": node_id, "class_type": node["class_type"], "path": label,
