@@ -216,7 +216,7 @@ def _on_comfy_load(engine_module: torch.nn.Module, name: str):
     def on_load(patcher, device_to, lowvram_model_memory, force_patch_weights, full_load) -> None:
         tensors = patcher.model.state_dict(keep_vars=True)
         for key in patcher.patches:
-            if key in tensors and tensors[key].device != torch.device(device_to):
+            if key in tensors and tensors[key].device.type != torch.device(device_to).type:
                 patcher.patch_weight_to_device(key)
         streamer = streaming.adopt(engine_module, device_to)
         if streamer is not None:

@@ -42,6 +42,14 @@ def _owned_tensors(module: nn.Module) -> Iterator[tuple[nn.Module, str, torch.Te
                     yield owner, name, tensor
 
 
+def _concrete(device: torch.device | str) -> torch.device:
+    """`cuda` → `cuda:<current>`, so comparisons with a tensor's device (which always has an index) hold."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def blocks_of(model: nn.Module) -> list[nn.Module]:
     """The model's streamable blocks in execution order (empty for a model that declares none)."""
     declared = getattr(model, "streamable_blocks", None)
@@ -102,6 +110,7 @@ def place(model: nn.Module, device: torch.device, budget: int, working_bytes: in
     """Move `model` onto `device` within `budget` bytes (weights + `working_bytes`), streaming the blocks that do not
     fit; any earlier streamer is removed first. Returns the placement (log it: it is the plan users read)."""
     remove_streamer(model)
+    device = _concrete(device)
     blocks = blocks_of(model)
     block_ids = {id(t) for block in blocks for _, _, t in _owned_tensors(block)}
     other = [t for _, _, t in _owned_tensors(model) if id(t) not in block_ids]
@@ -159,7 +168,7 @@ class BlockStreamer:
 
     def __init__(self, blocks: Sequence[nn.Module], device: torch.device,
                  force_stream: Sequence[nn.Module] = ()) -> None:
-        self.blocks, self.device = list(blocks), torch.device(device)
+        self.blocks, self.device = list(blocks), _concrete(device)
         forced = set(map(id, force_stream))
         self.streamed: dict[int, _Streamed] = {}
         for index, block in enumerate(self.blocks):
@@ -267,7 +276,7 @@ def adopt(model: nn.Module, device: torch.device) -> BlockStreamer | None:
     the host): move the small non-block tensors it left behind onto the device and stream the blocks' host tensors.
     Returns the streamer, or None when everything is on the device."""
     remove_streamer(model)
-    device = torch.device(device)
+    device = _concrete(device)
     blocks = blocks_of(model)
     in_blocks = {id(m) for block in blocks for m in block.modules()}
     for owner in model.modules():
