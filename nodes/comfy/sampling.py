@@ -7,6 +7,7 @@ from ..ltx import latents
 from ..ltx.dit import sampling
 from ..ltx import upsampler as ltx_upsampler
 from ..ltx.dit.accelerated_denoise import ACCELERATIONS
+from ..ltx.errors import LTX25Error
 
 CATEGORY = "LTX-2.5/sampling"
 MAX_SEED = 0xFFFFFFFFFFFFFFFF
@@ -18,6 +19,15 @@ ACCELERATION_TOOLTIP = (
     "bit-identical to eager. compile_cuda_graph: the repeated blocks compiled with torch.compile, cuDNN attention, "
     "then graphed; the fastest, but it compiles on the first use of each shape and differs from eager by bf16 "
     "rounding. Graph modes need CUDA. Speeds: docs/PERFORMANCE.md.")
+
+
+def _check_prompt_count(conditioning, batch: int) -> None:
+    """One prompt serves the whole batch; otherwise one prompt per latent (checked before the model loads)."""
+    prompts = getattr(conditioning, "video", None)
+    if prompts is not None and prompts.shape[0] not in (1, batch):
+        raise LTX25Error("LTX25DistilledSampler.conditioning", "the number of prompts", prompts.shape[0],
+                         f"1 or {batch} (the latent batch)", "Separate prompts with --- lines in Encode Prompt, one "
+                         "per clip, or set the batch on Empty Latent to the number of prompts.")
 
 
 class LTX25EmptyLatent:
@@ -88,6 +98,7 @@ class LTX25DistilledSampler:
         fps = latents.frame_rate(video_latent, "LTX25DistilledSampler.video_latent")
         video, audio = video_latent["samples"], audio_latent["samples"]
         latents.check_latent_pair(video, audio, fps, "LTX25DistilledSampler")
+        _check_prompt_count(conditioning, video.shape[0])
         schedule = sampling.parse_sigmas(sigmas or "", "LTX25DistilledSampler.sigmas") or \
             sampling.default_sigmas(int(stage))
         module = model.ready(sampling.activation_memory_bytes(model.module, video.shape, audio.shape))

@@ -175,7 +175,7 @@ def _capture(model: torch.nn.Module, video: torch.Tensor, audio: torch.Tensor, c
     weight = model.dit.proj_in.weight
     b, _, f, h, w = video.shape
     grid = model.grid(b, f, h, w, audio.shape[2], fps, weight.device)
-    context = tuple(t.clone() for t in model.context(cond, weight.device, weight.dtype))
+    context = tuple(t.clone() for t in model.context(cond, weight.device, weight.dtype, b))
     video_tokens = patchify_video(video).to(weight.device, weight.dtype).clone()
     audio_tokens = patchify_audio(audio).to(weight.device, weight.dtype).clone()
     sigma = torch.zeros(b, dtype=torch.float32, device=weight.device)
@@ -201,7 +201,8 @@ def _graph_denoiser(model: torch.nn.Module, cond, fps: float, spec: Mode) -> Den
             graph.video_tokens.copy_(patchify_video(video))
             graph.audio_tokens.copy_(patchify_audio(audio))
             graph.sigma.fill_(float(sigma))
-            for static, value in zip(graph.context, model.context(cond, weight.device, weight.dtype)):
+            for static, value in zip(graph.context, model.context(cond, weight.device, weight.dtype,
+                                                                     video.shape[0])):
                 static.copy_(value)
             v, a = graph.replay()
             return x0_from_velocity(video, audio, v, a, sigma, weight.device)
