@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 MODELS := .cache/tiny-models
 OUT := out
 
-.PHONY: test demo venv clean
+.PHONY: test demo venv clean check-pins
 
 venv: $(STAMP)
 
@@ -22,6 +22,11 @@ $(STAMP): constraints.txt requirements-dev.txt pyproject.toml
 
 test: $(STAMP)
 	$(VPY) -m pytest
+
+# Online (PyPI, 1-2 min, so not part of `make test`): resolves ComfyUI 0.33's requirements alone and with the
+# pack's and fails if the pack changes any of ComfyUI's packages. tests/test_comfyui_pins.py checks the same offline.
+check-pins: $(STAMP)
+	$(VPY) tests/comfyui_pins.py
 
 demo: $(STAMP)
 	$(VPY) -m nodes.tools.demo --models $(MODELS) --out $(OUT)
