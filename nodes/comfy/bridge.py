@@ -85,6 +85,25 @@ def step_callback(total: int, label: str = "ltx25") -> Callable[[int, int], None
     return on_step
 
 
+# ---------------------------------------------------------------------------------------------------- node text
+def show_on_node(text: str) -> None:
+    """A line for the user under the running node (ComfyUI's progress text, where the version has it) and in the
+    log; headless, on stderr."""
+    log.info(text)
+    if not HAS_COMFY:
+        if os.environ.get("LTX25_QUIET") != "1":
+            print(f"[ltx25] {text}", file=sys.stderr, flush=True)
+        return
+    try:  # both exist from ComfyUI 0.3.4x; older versions show the log line only
+        from comfy_execution.utils import get_executing_context
+        from server import PromptServer
+    except ImportError:
+        return
+    context = get_executing_context()
+    if context is not None and getattr(PromptServer, "instance", None) is not None:
+        PromptServer.instance.send_progress_text(text, context.node_id)
+
+
 # ---------------------------------------------------------------------------------------------------- devices
 def compute_device() -> torch.device:
     if HAS_COMFY:
@@ -190,7 +209,7 @@ class StandalonePatcher:
         name = type(self.model).__name__
         plan = streaming.place(self.model, device, budget, memory_required, where=name)
         vars(self.model)["_ltx25_placed"] = (str(device), budget)
-        (log.info if plan.streamed_bytes else log.debug)(plan.describe(name))
+        show_on_node(plan.describe(name))
 
     def unload(self) -> None:
         streaming.remove_streamer(self.model)
@@ -220,9 +239,9 @@ def _on_comfy_load(engine_module: torch.nn.Module, name: str):
                 patcher.patch_weight_to_device(key)
         streamer = streaming.adopt(engine_module, device_to)
         if streamer is not None:
-            log.info("%s: %d of %d blocks streamed from host memory (%.2f GiB per forward)", name,
-                     streamer.streamed_count, len(streamer.blocks),
-                     sum(s.nbytes for s in streamer.streamed.values()) / 2**30)
+            show_on_node(f"{name}: {streamer.streamed_count} of {len(streamer.blocks)} blocks streamed from host "
+                         f"memory ({sum(s.nbytes for s in streamer.streamed.values()) / 2**30:.2f} GiB per forward), "
+                         f"the rest resident ({lowvram_model_memory / 2**30:.2f} GiB allowed by model management)")
     return on_load
 
 
