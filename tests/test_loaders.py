@@ -26,9 +26,12 @@ def test_every_tiny_file_loads_through_its_loader_node(tiny_models):
     assert LTX25UpsamplerLoader().load(NAME["upsampler"], "fp32")[0].info.kind.value == "latent upsampler"
 
 
-def test_loader_widgets_list_the_official_names(tiny_models):
+def test_loader_widgets_list_the_official_names_of_their_own_kind(tiny_models):
+    """The shared vae/ folder is listed by kind: both video VAEs in the video loader, the audio VAE in the audio
+    loader only. Fails when a loader offers a file its kind check would refuse."""
     listed = LTX25VideoVAELoader.INPUT_TYPES()["required"]["vae_file"][0]
-    assert {NAME["conv_vae"], NAME["diffusion_vae"], NAME["audio_vae"]} <= set(listed)
+    assert {NAME["conv_vae"], NAME["diffusion_vae"]} <= set(listed) and NAME["audio_vae"] not in listed
+    assert LTX25AudioVAELoader.INPUT_TYPES()["required"]["audio_vae_file"][0] == [NAME["audio_vae"]]
 
 
 @pytest.mark.parametrize("loader, folder, component, expected", [

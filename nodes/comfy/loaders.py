@@ -2,18 +2,55 @@
 strictly and registers it with model management; weights reach the GPU only when a node needs them."""
 from __future__ import annotations
 
+import os
+from functools import lru_cache
+
 import torch
 
 from . import bridge
 from .handles import Loaded
-from ..ltx.files.assets import Kind, expect_kind
+from ..ltx.errors import LTX25Error
+from ..ltx.files.assets import Kind, expect_kind, inspect_asset
 
 CATEGORY = "LTX-2.5/loaders"
 WEIGHT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def _file_input(folder: str, tooltip: str) -> tuple:
-    return (bridge.list_model_files(folder), {"tooltip": f"{tooltip} (from models/{folder}/)"})
+def _file_input(folder: str, tooltip: str, *kinds: Kind) -> tuple:
+    return (files_of_kind(folder, kinds), {"tooltip": f"{tooltip} (from models/{folder}/)"})
+
+
+def files_of_kind(folder: str, kinds: tuple[Kind, ...]) -> list[str]:
+    """The folder's files for a loader of `kinds`: those whose header says so first, then those a header read
+    cannot place (another model's file, an unreadable header: the loader names the problem); LTX-2.5 files of
+    another kind are left out. vae/ holds both video VAEs, the audio VAE and every other model's VAEs."""
+    mine, unplaced = [], []
+    for name in bridge.list_model_files(folder):
+        kind = _kind_of(folder, name)
+        if kind in kinds:
+            mine.append(name)
+        elif kind is None:
+            unplaced.append(name)
+    return mine + unplaced
+
+
+def _kind_of(folder: str, name: str) -> Kind | None:
+    try:
+        path = bridge.model_file_path(folder, name)
+        stat = os.stat(path)
+    except (LTX25Error, OSError):  # a dangling link, or removed since the listing: the loader says so if picked
+        return None
+    return _header_kind(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=512)
+def _header_kind(path: str, mtime_ns: int, size: int) -> Kind | None:
+    """The LTX-2.5 kind a file's header declares, or None when it declares none (cached per file version: the
+    widgets are listed on every /object_info)."""
+    try:
+        return inspect_asset(path).kind
+    except LTX25Error:  # not an LTX-2.5 split file or not readable: listed after the right kind, never hidden
+        return None
 
 
 def _dtype_input() -> tuple:
@@ -30,7 +67,8 @@ class LTX25TransformerLoader:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "transformer_file": _file_input("diffusion_models", "ltx-2.5-22b-distilled-transformer-bf16.safetensors"),
+            "transformer_file": _file_input("diffusion_models", "ltx-2.5-22b-distilled-transformer-bf16.safetensors",
+                                            Kind.TRANSFORMER),
             "weight_dtype": _dtype_input()}}
 
     def load(self, transformer_file: str, weight_dtype: str):
@@ -52,7 +90,8 @@ class LTX25TextEncoderLoader:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "text_encoder_file": _file_input("text_encoders", "gemma4-12b-with-proj-ltx-2.5-bf16.safetensors"),
+            "text_encoder_file": _file_input("text_encoders", "gemma4-12b-with-proj-ltx-2.5-bf16.safetensors",
+                                             Kind.TEXT_ENCODER),
             "weight_dtype": _dtype_input()}}
 
     def load(self, text_encoder_file: str, weight_dtype: str):
@@ -72,7 +111,8 @@ class LTX25VideoVAELoader:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "vae_file": _file_input("vae", "ltx-2.5-video-vae-bf16 (diffusion) or ltx-2.5-video-vae-conv-bf16 (conv)"),
+            "vae_file": _file_input("vae", "ltx-2.5-video-vae-bf16 (diffusion) or ltx-2.5-video-vae-conv-bf16 (conv)",
+                                    Kind.DIFFUSION_VAE, Kind.CONV_VAE),
             "weight_dtype": _dtype_input()}}
 
     def load(self, vae_file: str, weight_dtype: str):
@@ -98,7 +138,7 @@ class LTX25AudioVAELoader:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"audio_vae_file": _file_input("vae", "ltx-2.5-audio-vae-bf16.safetensors"),
+        return {"required": {"audio_vae_file": _file_input("vae", "ltx-2.5-audio-vae-bf16.safetensors", Kind.AUDIO_VAE),
                              "weight_dtype": _dtype_input()}}
 
     def load(self, audio_vae_file: str, weight_dtype: str):
@@ -118,7 +158,7 @@ class LTX25UpsamplerLoader:
     def INPUT_TYPES(cls):
         return {"required": {
             "upsampler_file": _file_input("latent_upscale_models",
-                                          "ltx-2.5-latent-spatial-upscaler-x2-bf16-1.0.safetensors"),
+                                          "ltx-2.5-latent-spatial-upscaler-x2-bf16-1.0.safetensors", Kind.UPSAMPLER),
             "weight_dtype": _dtype_input()}}
 
     def load(self, upsampler_file: str, weight_dtype: str):
