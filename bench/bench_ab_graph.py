@@ -46,12 +46,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from nodes.comfy import bridge  # noqa: E402
 from nodes.registry import NODE_CLASS_MAPPINGS  # noqa: E402
 from nodes.comfy import compare as compare_node
+from nodes.comfy import previews
 from nodes.tools.graph import validate  # noqa: E402
 from nodes.comfy.handles import Loaded  # noqa: E402
 from nodes.tools.run import execute as run_execute  # noqa: E402
-from nodes.media import encoder_process
-from nodes.ltx.decode import compare as image_compare
-from nodes.media import video_io
 from nodes.ltx.text import encoder as te
 from nodes.ltx.dit.accelerated_denoise import release  # noqa: E402
 from nodes.ltx.files.assets import AssetInfo, Header, Kind  # noqa: E402
@@ -234,22 +232,13 @@ while True:
 
 
 class Pauses:
-    """What can stall a run besides its nodes: the garbage collector's passes (the GIL held throughout) and helper
-    processes started for saves (`encoder_process.EncoderProcess`), each as (perf_counter start, seconds)."""
+    """What can stall a run besides its nodes: the garbage collector's passes (the GIL held throughout), each as
+    (perf_counter start, seconds)."""
 
     def __init__(self) -> None:
         self.gc: list[tuple[float, float]] = []
-        self.helpers: list[tuple[float, float]] = []
         self._gc_start = 0.0
         gc.callbacks.append(self._on_gc)
-        start_helper = encoder_process.EncoderProcess.__init__
-
-        def timed_start(helper, *args, **kwargs):
-            began = time.perf_counter()
-            start_helper(helper, *args, **kwargs)
-            self.helpers.append((began, time.perf_counter() - began))
-
-        encoder_process.EncoderProcess.__init__ = timed_start
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -262,12 +251,12 @@ class Pauses:
             return [(round(t - start, 3), round(s, 3)) for t, s in events if start <= t <= end]
         gc_passes = inside(self.gc)
         return {"gc_passes": len(gc_passes), "gc_s": round(sum(s for _, s in gc_passes), 3),
-                "gc_longest": max(gc_passes, key=lambda e: e[1], default=None), "helpers_started": inside(self.helpers)}
+                "gc_longest": max(gc_passes, key=lambda e: e[1], default=None)}
 
 
 class CpuTrace:
-    """Cores busy over a time window, in 100 ms bins: all of them, and those of this process (the graph's threads;
-    the rest are the saves' helpers and anything else)."""
+    """Cores busy over a time window, in 100 ms bins: all of them, and those of this process (the graph's threads,
+    the saves' encoders among them; the rest is anything else on the machine)."""
 
     def __init__(self) -> None:
         handle, self.path = tempfile.mkstemp(prefix="cpu_trace_")
@@ -319,8 +308,8 @@ def _patched(module, name: str, value):
 
 
 def _previews_in_line(*args, **kwargs):
-    names = image_compare.write_preview_frames(*args, **kwargs)
-    image_compare.wait_for_previews()
+    names = previews.write_preview_frames(*args, **kwargs)
+    previews.wait_for_previews()
     return names
 
 
@@ -328,8 +317,6 @@ def _previews_in_line(*args, **kwargs):
 AB_VARIANTS = {
     "previews": [("previews_in_line", _patched(compare_node, "write_preview_frames", _previews_in_line)),
                  ("previews_in_background", lambda: (lambda: None))],
-    "encoder": [("encodes_on_threads_of_this_process", _patched(encoder_process, "write_mp4", video_io.write_mp4)),
-                ("encodes_in_helper_processes", lambda: (lambda: None))],
 }
 
 
@@ -340,9 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                         "CUDA, eager on the CPU)")
     parser.add_argument("--ab-runs", type=int, default=0, help="then N pairs of warm runs, alternating two ways "
                         "of one choice (--ab)")
-    parser.add_argument("--ab", choices=sorted(AB_VARIANTS), default="encoder", help="previews: the compare's "
-                        "viewer frames written in line or in the background; encoder: the saves encoded on threads "
-                        "of this process or in helper processes")
+    parser.add_argument("--ab", choices=sorted(AB_VARIANTS), default="previews", help="previews: the compare's "
+                        "viewer frames written in line or in the background")
     parser.add_argument("--cpu-trace", action="store_true", help="record the cores busy during each A/B run "
                         "(Linux /proc/stat), in 100 ms bins")
     parser.add_argument("--skip-new-prompt", action="store_true", help="skip the new-prompt encode after run 2")
@@ -414,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows, _, wall = run_graph(prompt, preset, device, heavy)
                 finally:
                     undo()
-                    image_compare.wait_for_previews()
+                    previews.wait_for_previews()
                 result.setdefault("ab_runs", {}).setdefault(variant, []).append(round(wall, 3))
                 result["pauses"].setdefault(variant, []).append(pauses.window(start, start + wall))
                 if trace:

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 import torch
 
+from nodes.comfy import previews
 from nodes.comfy.compare import LTX25DecoderCompare
 from nodes.ltx.decode.stats import DecodeStats
 from nodes.ltx.decode import compare as image_compare
@@ -37,7 +37,8 @@ def test_perturbed_input_lowers_psnr_and_ssim_monotonically():
     small = (a + 0.01 * torch.randn(a.shape, generator=g)).clamp(0, 1)
     large = (a + 0.1 * torch.randn(a.shape, generator=g)).clamp(0, 1)
     p_small, p_large = json.loads(run(a, small)[1]), json.loads(run(a, large)[1])
-    assert 30 < p_small["psnr_mean_db"] < 60 and p_large["psnr_mean_db"] < p_small["psnr_mean_db"] - 10, (p_small["psnr_mean_db"], p_large["psnr_mean_db"])
+    psnr_small, psnr_large = p_small["psnr_mean_db"], p_large["psnr_mean_db"]
+    assert 30 < psnr_small < 60 and psnr_large < psnr_small - 10, (psnr_small, psnr_large)
     assert p_large["ssim_mean"] < p_small["ssim_mean"] < 1.0
 
 
@@ -69,7 +70,8 @@ def test_mismatched_frames_or_sizes_are_refused_unless_resize_is_asked():
 def test_report_carries_each_decoders_costs():
     stats_a = DecodeStats("conv", 0.5, 2**30, 4, ((17, 64, 64),) * 4)
     stats_b = DecodeStats("diffusion", 1.5, 3 * 2**30, 1, ((17, 128, 128),), processor="sdpa", steps=1)
-    out = LTX25DecoderCompare().compare(frames(), frames(2), "conv", "diffusion", "side_by_side", False, stats_a, stats_b)
+    out = LTX25DecoderCompare().compare(frames(), frames(2), "conv", "diffusion", "side_by_side", False,
+                                        stats_a, stats_b)
     report = json.loads(out["result"][1])
     assert report["decoders"]["conv"]["tiles"] == 4 and report["decoders"]["diffusion"]["processor"] == "sdpa"
     assert report["decoders"]["diffusion"]["peak_memory_gib"] == 3.0
@@ -83,47 +85,70 @@ def test_viewer_frames_are_written_for_both_sides(tmp_path):
     out = LTX25DecoderCompare().compare(frames(n=30), frames(1, n=30), "a", "b", "side_by_side", False)
     viewer = out["ui"]["ltx25_ab"][0]
     assert len(viewer["frames_a"]) == len(viewer["frames_b"]) == len(viewer["frame_indices"]) == 24
-    image_compare.wait_for_previews()
+    previews.wait_for_previews()
     for entry in viewer["frames_a"] + viewer["frames_b"]:
         assert (tmp_path / "temp" / entry["filename"]).is_file() and entry["type"] == "temp"
     assert sorted(p.suffix for p in (tmp_path / "temp").iterdir()) == [".png"] * 48  # no half-written file left
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
 def test_the_compare_returns_before_its_preview_frames_are_written(tmp_path, monkeypatch):
     """The side-by-side save waits for the compare's outputs, not for the viewer's PNGs: they are written on the
-    background pool after the node returns (here held back until the node is done), each appearing whole under
-    its final name, below the saves' priority."""
-    import os
+    previews' pool after the node returns (here held back until the node is done), each appearing whole under
+    its final name."""
     import threading
     from nodes.comfy import bridge as comfy_bridge
-    from nodes.media import background
     comfy_bridge.set_output_dir(str(tmp_path))
-    release, priorities, written = threading.Event(), [], []
-    original = image_compare.Image.Image.save
+    release, written = threading.Event(), []
+    original = previews.Image.Image.save
 
     def held_save(self, path, *args, **kwargs):
         release.wait(10)
-        me = threading.get_native_id()
-        priorities.append((os.getpriority(os.PRIO_PROCESS, me), os.sched_getscheduler(me)))
         written.append(str(path))
         return original(self, path, *args, **kwargs)
 
-    monkeypatch.setattr(image_compare.Image.Image, "save", held_save)
+    monkeypatch.setattr(previews.Image.Image, "save", held_save)
     out = LTX25DecoderCompare().compare(frames(n=5), frames(1, n=5), "a", "b", "side_by_side", False)
     names = [e["filename"] for e in out["ui"]["ltx25_ab"][0]["frames_a"] + out["ui"]["ltx25_ab"][0]["frames_b"]]
     assert out["result"][0].shape == (5, 32, 96, 3) and not any((tmp_path / "temp" / n).exists() for n in names)
     release.set()
-    image_compare.wait_for_previews()
+    previews.wait_for_previews()
     assert all((tmp_path / "temp" / n).is_file() for n in names)
     assert sorted(written) == sorted(str(tmp_path / "temp" / n) + ".part" for n in names)  # then renamed
-    assert set(priorities) == {(min(19, os.getpriority(os.PRIO_PROCESS, 0) + background.PREVIEW_NICE),
-                                os.SCHED_IDLE)}  # only on cores the saves leave idle
+
+
+def test_a_headless_run_leaves_no_preview_frames_behind(tmp_path, monkeypatch):
+    """`python -m nodes.tools.run` has no viewer: the compare's PNGs are deleted once written, so out/temp does not
+    fill up run after run; the mp4s and the report are what a headless run keeps."""
+    from nodes.tools import run
+
+    class Frames:
+        RETURN_TYPES = ("IMAGE",)
+        FUNCTION = "make"
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"seed": ("INT", {"default": 0})}}
+
+        def make(self, seed):
+            return (frames(seed, n=30),)
+
+    prompt = {"1": {"class_type": "Frames", "inputs": {"seed": 0}},
+              "2": {"class_type": "Frames", "inputs": {"seed": 1}},
+              "3": {"class_type": "LTX25DecoderCompare", "inputs": {
+                  "images_a": ["1", 0], "images_b": ["2", 0], "label_a": "a", "label_b": "b",
+                  "layout": "side_by_side", "resize_b": False}}}
+    path = tmp_path / "prompt.json"
+    path.write_text(json.dumps(prompt))
+    monkeypatch.setattr(run, "NODE_CLASS_MAPPINGS", {"Frames": Frames, "LTX25DecoderCompare": LTX25DecoderCompare})
+    out = tmp_path / "out"
+    assert run.main([str(path), "--models", str(tmp_path), "--out", str(out)]) == 0
+    left = [p.name for p in (out / "temp").iterdir()] if (out / "temp").exists() else []
+    assert left == [], left
 
 
 def test_short_videos_preview_every_frame_and_long_ones_a_spread():
     """3 frames → all 3; 121 → 24 spread over the whole clip, first and last included."""
-    from nodes.ltx.decode.compare import preview_frame_indices
+    from nodes.comfy.previews import preview_frame_indices
     assert preview_frame_indices(3) == [0, 1, 2]
     long = preview_frame_indices(121)
     assert len(long) == 24 and long[0] == 0 and long[-1] == 120
@@ -152,11 +177,11 @@ def test_a_preview_frame_that_fails_leaves_no_part_file_and_is_logged(tmp_path, 
             f.write(b"\x89PNG half")
         raise OSError("disk full")
 
-    image_compare.wait_for_previews()  # an earlier test's frames, still being written, must not meet the patch
-    monkeypatch.setattr(image_compare.Image.Image, "save", broken_save)
+    previews.wait_for_previews()  # an earlier test's frames, still being written, must not meet the patch
+    monkeypatch.setattr(previews.Image.Image, "save", broken_save)
     with caplog.at_level("WARNING"):
-        names = image_compare.write_preview_frames(frames(n=2), str(tmp_path), "p", [0, 1])
-        image_compare.wait_for_previews()
+        names = previews.write_preview_frames(frames(n=2), str(tmp_path), "p", [0, 1])
+        previews.wait_for_previews()
     assert len(names) == 2 and list(tmp_path.iterdir()) == []
     assert caplog.text.count("disk full") == 2
 
@@ -164,8 +189,8 @@ def test_a_preview_frame_that_fails_leaves_no_part_file_and_is_logged(tmp_path, 
 def test_preview_frames_of_any_float_dtype_are_written(tmp_path):
     """IMAGE batches may be half precision (or on the GPU with ComfyUI's --gpu-only): the writer converts each
     frame itself, so nothing fails unseen on the background thread."""
-    names = image_compare.write_preview_frames(frames(n=2).to(torch.bfloat16), str(tmp_path), "p", [0, 1])
-    image_compare.wait_for_previews()
+    names = previews.write_preview_frames(frames(n=2).to(torch.bfloat16), str(tmp_path), "p", [0, 1])
+    previews.wait_for_previews()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
 
 

@@ -193,16 +193,18 @@ def test_a_failing_async_node_fails_the_run():
         run.execute(broken, ASYNC_CLASSES)
 
 
-def test_a_ready_async_node_starts_before_a_ready_plain_output_node():
-    """Both a plain output node (7) and an async one (8) wait on node 1: the async one is started first, so its
-    task runs while the plain one executes (id order alone would run 7 first and start the save after it)."""
-    SlowSave.events = []
-    classes = {**ASYNC_CLASSES, "Show": Show}
-    prompt = {"1": ASYNC_API["1"], "7": {"class_type": "Show", "inputs": {"number": ["1", 0]}},
-              "8": ASYNC_API["8"]}
-    run.execute(prompt, classes, on_start=lambda node_id: SlowSave.events.append(("start", node_id)))
-    starts = [e[1] for e in SlowSave.events if e[0] == "start"]
-    assert starts == ["1", "8", "7"], SlowSave.events
+def test_ready_nodes_are_picked_by_comfyuis_rule():
+    """ComfyUI's `ux_friendly_pick_node`, no more: a ready output or async node first (the first of them, with no
+    preference between the two kinds), then a node an output node waits on, then one two steps before an output
+    node, else the first ready node. A rule of the runner's own would time the graph differently from ComfyUI."""
+    chain = {**{n: ASYNC_API[n] for n in ("1", "2", "3", "4")},  # 1 → 2 → 3 → 4 (show); 5 → 6 (show)
+             "5": {"class_type": "MakeNumber", "inputs": {"value": 1, "seed": 0, "mode": "add"}},
+             "6": {"class_type": "Show", "inputs": {"number": ["5", 0]}}}
+    outputs = {"1": ASYNC_API["1"], "7": {"class_type": "Show", "inputs": {"number": ["1", 0]}}, "8": ASYNC_API["8"]}
+    picks = {ready: run._pick(list(ready), prompt, ASYNC_CLASSES)
+             for prompt, cases in ((chain, (("1", "5"), ("1", "2"), ("2", "5"))), (outputs, (("7", "8"), ("1", "8"))))
+             for ready in cases}
+    assert picks == {("1", "5"): "5", ("1", "2"): "2", ("2", "5"): "5", ("7", "8"): "7", ("1", "8"): "8"}, picks
 
 
 def test_the_runner_can_be_called_from_async_code():

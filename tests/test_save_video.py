@@ -1,25 +1,30 @@
-"""Saving video with sound (PyAV): the mp4 decodes back with the right frames, fps, size, audio and metadata; the
-counter never overwrites; audio is fitted to the video; the node's UI/result contract."""
+"""Saving video with sound (PyAV): the mp4 decodes back with the right frames, fps, size, audio and metadata; names
+never overwrite, stay inside the output folder and are shared by a run's saves; a save stopped anyhow (an error, an
+interrupt, a cancelled run, a signal) leaves no file under a final name; the node's UI/result contract."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import os
+import signal
+import subprocess
 import sys
+import textwrap
+import threading
 import time
-from fractions import Fraction
 
+import av
+import numpy as np
 import pytest
 import torch
 
 from nodes.comfy import bridge
-from nodes.media import encoder_process
-from nodes.media import mp4_encoder
-from nodes.media import video_io
-from nodes.ltx.errors import LTX25Error
 from nodes.comfy.output import LTX25SaveVideo
+from nodes.ltx.errors import LTX25Error
+from nodes.media import mp4
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -42,18 +47,59 @@ def _tone(seconds, rate=48000):
     return torch.stack([torch.sin(2 * math.pi * 440 * t), torch.sin(2 * math.pi * 660 * t)]) * 0.3
 
 
+def _slow_frames(monkeypatch, seconds_per_frame=0.02) -> list[int]:
+    """Each frame's conversion made slow, so a test can act while a save is under way; returns the frames converted."""
+    converted, picture = [], mp4._picture
+
+    def slow(frames, index):
+        time.sleep(seconds_per_frame)
+        converted.append(index)
+        return picture(frames, index)
+
+    monkeypatch.setattr(mp4, "_picture", slow)
+    return converted
+
+
+async def _part_appears(folder, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not list(folder.glob("*.part")):
+        assert time.monotonic() < deadline, "the save never started writing"
+        await asyncio.sleep(0.005)
+
+
 def test_saved_mp4_decodes_back_with_frames_fps_size_audio_and_metadata(output_dir):
     """25 frames of 96×64 at 24 fps with a stereo track of 1 s: the file has 25 frames, 24 fps, 96×64, 2 channels
     at 48 kHz lasting 25/24 s (the track is fitted to the video; AAC rounds up to whole 1024-sample frames, so the
     decoded track is at most one AAC frame longer, never shorter), and the run metadata JSON in its tags."""
     info = {"prompt": "a fox", "seed": 7, "decoder": "conv", "seconds": 1.5}
-    result = _save(_frames(), 24.0, "LTX25", {"waveform": _tone(1.0)[None], "sample_rate": 48000},
-                                   json.dumps(info))
-    probe = video_io.probe_mp4(result["result"][0])
+    result = _save(_frames(), 24.0, "LTX25", {"waveform": _tone(1.0)[None], "sample_rate": 48000}, json.dumps(info))
+    probe = mp4.probe_mp4(result["result"][0])
     assert (probe.frames, probe.fps, probe.width, probe.height) == (25, 24.0, 96, 64)
     assert (probe.audio_channels, probe.sample_rate) == (2, 48000)
     assert 0 <= probe.audio_samples - 25 / 24 * 48000 < 1024, probe.audio_samples
     assert json.loads(probe.metadata["comment"]) == info
+
+
+def test_fps_zero_takes_the_frame_rate_of_the_latent(output_dir):
+    """fps 0 (the default) saves at the frame rate the latent carries, so the file plays at the speed the clip was
+    made for; a typed fps overrides it; fps 0 with no latent is refused by name instead of guessing."""
+    latent = {"samples": torch.zeros(1, 128, 2, 2, 3), "frame_rate": 25.0}
+    assert LTX25SaveVideo.INPUT_TYPES()["required"]["fps"][1]["default"] == 0.0
+    from_latent = _save(_frames(10), 0.0, "rate", latent=latent)["result"][0]
+    overridden = _save(_frames(10), 30.0, "rate", latent=latent)["result"][0]
+    assert mp4.probe_mp4(from_latent).fps == 25.0 and mp4.probe_mp4(overridden).fps == 30.0
+    with pytest.raises(LTX25Error, match=r"LTX25SaveVideo\.fps"):
+        _save(_frames(10), 0.0, "rate")
+
+
+def test_audio_and_video_lengths_that_disagree_are_logged(output_dir, caplog):
+    """A 2 s track on 1 s of video (audio from another clip, or the wrong fps) is fitted and logged; the audio
+    VAE's own shortfall (tens of milliseconds) is not."""
+    with caplog.at_level("WARNING", logger="nodes.media.mp4"):
+        _save(_frames(24), 24.0, "short", {"waveform": _tone(0.97)[None], "sample_rate": 48000})
+        assert not caplog.records, caplog.text
+        _save(_frames(24), 24.0, "long", {"waveform": _tone(2.0)[None], "sample_rate": 48000})
+    assert "the audio lasts 2.000 s and the video 1.000 s" in caplog.text, caplog.text
 
 
 def test_counter_never_overwrites(output_dir):
@@ -66,6 +112,22 @@ def test_counter_never_overwrites(output_dir):
     assert os.path.basename(first) == "LTX25_00008_.mp4" and os.path.basename(second) == "LTX25_00009_.mp4"
     assert (output_dir / "LTX25_00001_.mp4").read_bytes() == b"keep me"
     assert (output_dir / "LTX25_00007_.mp4").read_bytes() == b"keep me too"
+
+
+def test_a_runs_saves_share_one_counter_and_runs_saving_at_once_do_not_interleave(output_dir):
+    """Two runs saving into one folder, their saves interleaved, with one prefix's counters ahead of another's:
+    each run's files carry one counter (conv/diffusion/side by side of a run pair up by name), the runs get two
+    different ones, and a save outside any run (no prompt) takes the next free one."""
+    (output_dir / "diffusion_00004_.mp4").write_bytes(b"an older run")
+    run_a, run_b = {"run": "a"}, {"run": "b"}  # the PROMPT dicts: one per run, the same for all of a run's nodes
+    saved = {}
+    for prompt, prefix in ((run_a, "conv"), (run_b, "conv"), (run_b, "diffusion"), (run_a, "diffusion"),
+                           (run_a, "side"), (None, "loose")):
+        path = _save(_frames(9), 24.0, prefix, prompt=prompt)["result"][0]
+        saved[(prompt or {}).get("run"), prefix] = os.path.basename(path)
+    assert saved == {("a", "conv"): "conv_00005_.mp4", ("b", "conv"): "conv_00006_.mp4",
+                     ("b", "diffusion"): "diffusion_00006_.mp4", ("a", "diffusion"): "diffusion_00005_.mp4",
+                     ("a", "side"): "side_00005_.mp4", (None, "loose"): "loose_00007_.mp4"}, saved
 
 
 def test_node_returns_a_preview_entry_and_the_path(output_dir):
@@ -85,9 +147,8 @@ def test_odd_sizes_are_padded_to_even(output_dir):
     frames[:, :, -1] = 1.0
     frames[:, -1, :] = 1.0
     path = _save(frames, 24.0, "odd")["result"][0]
-    probe = video_io.probe_mp4(path)
+    probe = mp4.probe_mp4(path)
     assert (probe.width, probe.height, probe.frames) == (48, 34, 9)
-    import av
     with av.open(path) as container:
         first = next(iter(container.decode(video=0))).to_ndarray(format="rgb24")
     assert first[16, -2:].min() > 200 and first[-2:, 20].min() > 200, (first[16, -3:], first[-3:, 20])
@@ -100,38 +161,57 @@ def test_prefix_outside_the_output_folder_is_refused(output_dir):
             _save(_frames(9), 24.0, prefix)
 
 
+def test_a_symlink_inside_the_output_folder_cannot_lead_outside(output_dir, tmp_path_factory):
+    """A link in the output folder to another folder: a prefix through it is refused (paths are resolved, links
+    included, before the check), and nothing is written where it points."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    os.symlink(elsewhere, output_dir / "link")
+    with pytest.raises(LTX25Error, match="filename prefix"):
+        _save(_frames(9), 24.0, "link/escape")
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("prefix, hint", [("nul\0byte", "NUL"), ("x" * 300, "Shorten"), ("y" * 300 + "/v", "Shorten")])
+def test_a_prefix_no_file_system_takes_is_a_named_error(output_dir, prefix, hint):
+    """A NUL byte or a name longer than the file system allows (in the file name or a subfolder) is an LTX25Error
+    naming the node's filename_prefix input and what to do, not a bare ValueError or OSError from inside os."""
+    with pytest.raises(LTX25Error, match=r"LTX25SaveVideo\.filename_prefix") as error:
+        _save(_frames(9), 24.0, prefix)
+    assert hint in str(error.value) and list(output_dir.iterdir()) == []
+
+
 def test_batch_audio_is_fitted_per_clip(output_dir):
     """Two clips decoded as a batch (frames one after the other) with two waveforms of slightly different
     lengths: each track is fitted to its clip, so the file's audio lasts exactly the video's 2·9/24 s."""
     audio = torch.stack([_tone(0.35), _tone(0.35)])[:, :, :16000]
     path = _save(_frames(18), 24.0, "batch", {"waveform": audio, "sample_rate": 48000})["result"][0]
-    probe = video_io.probe_mp4(path)
+    probe = mp4.probe_mp4(path)
     assert probe.frames == 18 and 0 <= probe.audio_samples - 18 / 24 * 48000 < 1024, probe.audio_samples
 
 
 def test_decoded_audio_and_video_end_together(tiny_file, output_dir):
     """The tiny audio VAE's output (10–50 ms shorter than F/fps by construction) muxed with 17 frames at 24 fps:
     both streams of the file last 17/24 s."""
-    from nodes.ltx import audio_vae as av
-    vae = av.load_audio_vae(tiny_file("audio_vae"), torch.float32)
-    audio = av.decode_audio(vae, torch.randn(1, 8, 18, 16), fps=24.0)
+    from nodes.ltx import audio_vae
+    vae = audio_vae.load_audio_vae(tiny_file("audio_vae"), torch.float32)
+    audio = audio_vae.decode_audio(vae, torch.randn(1, 8, 18, 16), fps=24.0)
     assert audio["waveform"].shape[-1] < round(17 / 24 * 48000)
     path = _save(_frames(17), 24.0, "av", audio)["result"][0]
-    probe = video_io.probe_mp4(path)
+    probe = mp4.probe_mp4(path)
     assert probe.frames == 17 and 0 <= probe.audio_samples - 17 / 24 * 48000 < 1024, probe.audio_samples
 
 
-def test_save_runs_on_a_worker_thread_so_the_next_node_can_go_on(output_dir):
+def test_save_runs_on_a_worker_thread_so_the_next_node_can_go_on(output_dir, monkeypatch):
     """The save is a coroutine whose encode runs on another thread: while it encodes, the event loop (ComfyUI's
     executor) is free — a ticker on the loop advances during the save. A plain function would block the loop."""
-    import threading
     assert asyncio.iscoroutinefunction(LTX25SaveVideo.save)
-    encoder_threads = set()
-    original = encoder_process.write_mp4
+    encoder_threads, original = set(), mp4.save_mp4
 
     def spy(*args, **kwargs):
         encoder_threads.add(threading.get_ident())
         return original(*args, **kwargs)
+
+    monkeypatch.setattr(mp4, "save_mp4", spy)
 
     async def main():
         ticks = 0
@@ -147,106 +227,150 @@ def test_save_runs_on_a_worker_thread_so_the_next_node_can_go_on(output_dir):
         tick.cancel()
         return path, ticks
 
-    encoder_process.write_mp4 = spy
-    try:
-        path, ticks = asyncio.run(main())
-    finally:
-        encoder_process.write_mp4 = original
+    path, ticks = asyncio.run(main())
     assert encoder_threads and threading.get_ident() not in encoder_threads
-    assert ticks > 3 and video_io.probe_mp4(path).frames == 49
-
-
-@pytest.mark.skipif(not hasattr(os, "setpriority") or not sys.platform.startswith("linux"),
-                    reason="per-thread nice values are Linux's")
-def test_encodes_run_below_the_graphs_priority_and_leave_the_callers_alone(output_dir, monkeypatch):
-    """The helper process's encoding threads run background.NICE below the graph, so the nodes running meanwhile
-    keep their cores; the save's own thread (which only feeds the helper), the helper's reading thread, the event
-    loop's thread and its default executor keep the graph's priority."""
-    import threading
-    from nodes.media import background
-    encoder_process.close_helpers()  # a fresh helper, started by this save
-    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    seen: dict[str, set] = {"saver": set(), "helper": set()}
-    original = encoder_process.write_mp4
-
-    def spy(*args, **kwargs):
-        seen["saver"].add(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(encoder_process, "write_mp4", spy)
-    done, busy, encode = threading.Event(), set(), encoder_process.EncoderProcess.encode
-
-    def encoding(helper, *args):
-        busy.add(helper)
-        try:
-            return encode(helper, *args)
-        finally:
-            busy.discard(helper)
-
-    monkeypatch.setattr(encoder_process.EncoderProcess, "encode", encoding)
-
-    def watch():  # the nice value (field 19 of /proc/…/stat) of every thread of the helper, while it encodes
-        while not done.is_set():
-            for helper in list(busy):
-                with contextlib.suppress(OSError):
-                    for task in os.listdir(f"/proc/{helper.process.pid}/task"):
-                        with open(f"/proc/{helper.process.pid}/task/{task}/stat") as f:
-                            seen["helper"].add(int(f.read().rsplit(")", 1)[1].split()[16]))
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-
-    async def main():
-        path = (await LTX25SaveVideo().save(_frames(97, 256, 256), 24.0, "nice"))["result"][0]
-        default_pool = await asyncio.to_thread(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-        return path, default_pool
-
-    try:
-        path, default_pool = asyncio.run(main())
-    finally:
-        done.set()
-        watcher.join()
-    assert seen["saver"] == {caller} and seen["helper"] == {caller, min(19, caller + background.NICE)}, seen
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller == default_pool
-    assert video_io.probe_mp4(path).frames == 97
-
-
-def test_a_run_cancelled_twice_still_waits_for_the_video(output_dir):
-    """A second cancel while the save waits for its encode (the user presses stop again) does not abandon the
-    wait: the task ends cancelled only once the file is whole."""
-    async def main():
-        task = asyncio.ensure_future(LTX25SaveVideo().save(_frames(97, 128, 128), 24.0, "twice"))
-        path = output_dir / "twice_00001_.mp4"
-        while not path.exists() or path.stat().st_size == 0:
-            await asyncio.sleep(0.005)
-        for _ in range(2):
-            task.cancel()
-            await asyncio.sleep(0.01)
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        return path
-
-    path = asyncio.run(main())
-    assert video_io.probe_mp4(str(path)).frames == 97
+    assert ticks > 3 and mp4.probe_mp4(path).frames == 49
 
 
 def test_a_failed_encode_leaves_no_file(output_dir, monkeypatch):
-    """The name is reserved before the encode; if the encode fails, the reserved file goes too."""
-    def broken(*args, **kwargs):
-        raise RuntimeError("encoder died")
+    """A save that fails mid-encode removes its partial file: the folder is empty, no final name, no `.part`."""
+    picture = mp4._picture
 
-    monkeypatch.setattr(encoder_process, "write_mp4", broken)
+    def broken(frames, index):
+        if index == 5:
+            raise RuntimeError("encoder died")
+        return picture(frames, index)
+
+    monkeypatch.setattr(mp4, "_picture", broken)
     with pytest.raises(RuntimeError, match="encoder died"):
-        _save(_frames(9), 24.0, "gone")
-    assert not list(output_dir.iterdir())
+        _save(_frames(20), 24.0, "gone")
+    assert list(output_dir.iterdir()) == []
+
+
+def test_an_interrupt_stops_the_save_and_leaves_no_file(output_dir, monkeypatch):
+    """The user's interrupt (ComfyUI's cancel button: bridge.check_interrupt) reaches a save while it encodes: it
+    stops within a frame or two with ComfyUI's interrupt exception, and its partial file is gone."""
+    converted = _slow_frames(monkeypatch)
+
+    async def main():
+        task = asyncio.ensure_future(LTX25SaveVideo().save(_frames(200, 32, 32), 24.0, "interrupted"))
+        await _part_appears(output_dir)
+        bridge.request_interrupt()
+        with pytest.raises(bridge.InterruptError):
+            await task
+
+    try:
+        asyncio.run(main())
+    finally:
+        bridge._interrupt_requested = False  # a save that missed it must not stop a later test
+    assert list(output_dir.iterdir()) == [] and len(converted) < 100, len(converted)
+
+
+def test_a_cancelled_run_stops_the_save_and_leaves_no_file(output_dir, monkeypatch):
+    """When the run stops while a save encodes (a later node failed, the user cancelled: the executor cancels the
+    task), the encode stops at its next frame instead of running on, and removes its partial file: no file is
+    left under a final name, cut off or not."""
+    converted = _slow_frames(monkeypatch)
+
+    async def run_then_fail():
+        asyncio.ensure_future(LTX25SaveVideo().save(_frames(200, 32, 32), 24.0, "stopped"))
+        await _part_appears(output_dir)
+        raise RuntimeError("a later node failed")
+
+    with pytest.raises(RuntimeError, match="later node failed"):
+        asyncio.run(run_then_fail())  # cancels the pending save, then waits for the executor's threads
+    assert list(output_dir.iterdir()) == [] and len(converted) < 100, len(converted)
+
+
+_KILLED_RUN = textwrap.dedent("""
+    import signal, sys, time
+    import torch
+    from nodes.comfy.output import LTX25SaveVideo
+    from nodes.media import mp4
+    from nodes.tools import run
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job may inherit SIGINT ignored
+    picture = mp4._picture
+    mp4._picture = lambda frames, index: time.sleep(0.02) or picture(frames, index)  # a save that takes seconds
+
+    class Frames:
+        RETURN_TYPES = ("IMAGE",)
+        FUNCTION = "make"
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {}}
+
+        def make(self):
+            return (torch.rand(400, 32, 32, 3),)
+
+    run.NODE_CLASS_MAPPINGS = {"Frames": Frames, "LTX25SaveVideo": LTX25SaveVideo}
+    raise SystemExit(run.main(sys.argv[1:]))
+""")
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_a_headless_run_stopped_mid_save_leaves_no_file_under_a_final_name(tmp_path, stop):
+    """`python -m nodes.tools.run` stopped by Ctrl-C, SIGTERM or SIGKILL while a save encodes: the output folder
+    holds no `*.mp4`. Ctrl-C and SIGTERM end the run with status 130 and remove the partial file as well; after
+    SIGKILL (which nothing can catch) only the `.part` is left, which no player or viewer takes for a video."""
+    out = tmp_path / "out"
+    script, prompt = tmp_path / "killed_run.py", tmp_path / "prompt.json"
+    script.write_text(_KILLED_RUN)
+    prompt.write_text(json.dumps({
+        "1": {"class_type": "Frames", "inputs": {}},
+        "2": {"class_type": "LTX25SaveVideo", "inputs": {"images": ["1", 0], "fps": 24.0, "filename_prefix": "v"}}}))
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    process = subprocess.Popen([sys.executable, str(script), str(prompt), "--models", str(tmp_path), "--out",
+                                str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while not (list(out.glob("*.part")) and list(out.glob("*.part"))[0].stat().st_size):
+            assert process.poll() is None, process.communicate()[1].decode()[-3000:]
+            assert time.monotonic() < deadline, "the save never started"
+            time.sleep(0.01)
+        process.send_signal(stop)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert list(out.glob("*.mp4")) == [], sorted(p.name for p in out.iterdir())
+    if stop != signal.SIGKILL:
+        assert process.returncode == 130, err.decode()[-3000:]
+        assert list(out.iterdir()) == [], sorted(p.name for p in out.iterdir())
+
+
+def test_headless_saves_carry_the_prompt_and_workflow_like_comfyuis(output_dir):
+    """The headless runner hands the save ComfyUI's hidden inputs: the file's tags hold the run's API prompt (so
+    its seed) and the UI workflow, as files saved inside ComfyUI do."""
+    from nodes.tools import run
+
+    class Frames:
+        RETURN_TYPES = ("IMAGE",)
+        FUNCTION = "make"
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"seed": ("INT", {"default": 0})}}
+
+        def make(self, seed):
+            return (_frames(9, seed=seed),)
+
+    prompt = {"1": {"class_type": "Frames", "inputs": {"seed": 1234}},
+              "2": {"class_type": "LTX25SaveVideo", "inputs": {"images": ["1", 0], "fps": 24.0,
+                                                                "filename_prefix": "headless"}}}
+    workflow = {"nodes": [], "links": [], "version": 0.4}
+    result = run.execute(prompt, {"Frames": Frames, "LTX25SaveVideo": LTX25SaveVideo},
+                         extra_pnginfo={"workflow": workflow})
+    tags = mp4.probe_mp4(result["outputs"]["2"][0]).metadata
+    assert json.loads(tags["prompt"]) == prompt and json.loads(tags["prompt"])["1"]["inputs"]["seed"] == 1234
+    assert json.loads(tags["workflow"]) == workflow
 
 
 def test_colours_come_back_from_the_file(output_dir):
     """Frames are [0, 1] RGB and the file's colours are what decoders assume: flat frames of eight colours, saved
     and decoded back to RGB by PyAV, keep their colour within 3/255 (yuv420p at crf 17, libswscale's integer
     conversions both ways), and a horizontal gradient keeps its values."""
-    import av
     colours = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 1], [0, 0, 0], [0.5, 0.5, 0.5],
                             [0.9, 0.6, 0.2], [0.1, 0.3, 0.7]], dtype=torch.float32)
     frames = colours[:, None, None, :].expand(8, 32, 48, 3).clone()
@@ -260,120 +384,39 @@ def test_colours_come_back_from_the_file(output_dir):
     assert (decoded[8][16, 4:-4] - ramp[0, 16, 4:-4]).abs().max() < 3 / 255
 
 
-def test_a_cancelled_run_keeps_the_video_being_saved(output_dir):
-    """When the run stops while a save encodes (a later node failed, the user cancelled: the executor's
-    `asyncio.run` cancels pending tasks), the encoding thread cannot be stopped; it finishes and its complete file
-    stays — neither deleted nor cut off."""
-    async def run_then_fail():
-        asyncio.ensure_future(LTX25SaveVideo().save(_frames(97, 128, 128), 24.0, "stopped"))
-        path = output_dir / "stopped_00001_.mp4"
-        while not path.exists() or path.stat().st_size == 0:  # until the encoder has written its first packets
-            await asyncio.sleep(0.005)
-        raise RuntimeError("a later node failed")
-
-    with pytest.raises(RuntimeError, match="later node failed"):
-        asyncio.run(run_then_fail())
-    saved = list(output_dir.iterdir())
-    assert [p.name for p in saved] == ["stopped_00001_.mp4"]
-    assert video_io.probe_mp4(str(saved[0])).frames == 97
-
-
 @pytest.mark.parametrize("fps", [24.0, 24000 / 1001])
-def test_segmented_encode_is_one_stream_in_frame_order(tmp_path, fps):
-    """Segments encoded at once by separate x264s join into one valid stream: every frame once, in order (each
-    frame has its own flat brightness, read back), key frames where segments start, decode times rising across the
-    joins, the audio muxed beside — at an NTSC rate and an odd size too."""
-    import av
+def test_every_frame_is_saved_once_in_order(tmp_path, fps):
+    """Frames converted ahead on a helper thread still reach x264 in order: each frame's own flat brightness comes
+    back in its place, at an NTSC rate and an odd size too, with the audio muxed beside."""
     count = 61
     level = torch.linspace(0.05, 0.95, count)
     frames = (torch.rand(count, 47, 66, 3, generator=torch.Generator().manual_seed(1)) * 0.04
               + level[:, None, None, None])
-    path = str(tmp_path / "seg.mp4")
-    video_io.write_mp4(path, frames, fps, _tone(count / fps), segments=3)
-    with av.open(path) as container:
-        packets = [p for p in container.demux(video=0) if p.size]
-        dts = [p.dts for p in packets]
-        keys = sorted(p.pts for p in packets if p.is_keyframe)
-        assert all(a < b for a, b in zip(dts, dts[1:])), dts
-        rate = container.streams.video[0].time_base
-    starts = [start for start, _ in mp4_encoder.segment_bounds(count, 3)]
-    assert [round(float(k * rate) * fps) for k in keys] == starts == [0, 20, 41]
+    path = mp4.save_mp4(mp4.reserve(str(tmp_path), "order"), frames.numpy(), fps, _tone(count / fps).numpy())
     with av.open(path) as container:
         means = [float(f.to_ndarray(format="rgb24").mean()) / 255 for f in container.decode(video=0)]
     assert len(means) == count
     assert max(abs(m - float(v) - 0.02) for m, v in zip(means, level)) < 0.02
-    probe = video_io.probe_mp4(path)
+    probe = mp4.probe_mp4(path)
     assert (probe.width, probe.height, probe.audio_channels) == (66, 48, 2)
+    assert abs(probe.fps - fps) < 1e-6 * fps, probe.fps
 
 
-@pytest.mark.parametrize("count, segments", [(5, 2), (9, 4), (12, 5), (17, 2), (40, 4), (2, 4), (1, 3)])
-def test_short_clips_get_segments_long_enough_for_the_b_frame_delay(tmp_path, count, segments):
-    """A segment shorter than x264's B-frame delay has none, and the next segment's first decode time would fall
-    before the previous one's last (the mux then fails): segments hold at least MIN_SEGMENT_FRAMES frames, so any
-    requested count gives a valid file with every frame once, in order."""
-    import av
-    level = torch.linspace(0.05, 0.95, count)
-    frames = torch.zeros(count, 32, 48, 3) + level[:, None, None, None]
-    path = str(tmp_path / "short.mp4")
-    video_io.write_mp4(path, frames, 24.0, segments=segments)
-    with av.open(path) as container:
-        keys = sum(1 for p in container.demux(video=0) if p.size and p.is_keyframe)
-    with av.open(path) as container:
-        means = [float(f.to_ndarray(format="rgb24").mean()) / 255 for f in container.decode(video=0)]
-    assert len(means) == count and max(abs(m - float(v)) for m, v in zip(means, level)) < 0.02
-    assert keys == max(1, min(segments, count // mp4_encoder.MIN_SEGMENT_FRAMES))
-
-
-def test_segment_bounds_and_the_default_count():
-    assert mp4_encoder.segment_bounds(121, 4) == [(0, 30), (30, 60), (60, 91), (91, 121)]
-    assert mp4_encoder.segment_bounds(3, 8) == [(0, 1), (1, 2), (2, 3)]
-    assert [mp4_encoder.default_segments(n) for n in (1, 29, 30, 61, 121, 1000)] == [1, 1, 1, 2, 4, 4]
-
-
-def test_segments_share_one_x264s_worth_of_threads(monkeypatch):
-    """Segments encoding at once split the frame threads one x264 would take (1.5 per core) instead of each taking
-    that many; a single segment leaves the choice to x264 (0)."""
-    monkeypatch.setattr(mp4_encoder, "usable_cores", lambda: 16)
-    assert mp4_encoder.x264_threads(1) == 0
-    assert [mp4_encoder.x264_threads(n) for n in (2, 3, 4)] == [12, 8, 6]
-    monkeypatch.setattr(mp4_encoder, "usable_cores", lambda: 2)
-    assert mp4_encoder.x264_threads(4) == 1
-
-
-def test_each_segments_x264_gets_its_share_of_threads(tmp_path, monkeypatch):
-    import av
-    made = []
-    create = av.CodecContext.create
-
-    def spy(*args, **kwargs):
-        made.append(create(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(mp4_encoder, "x264_threads", lambda segments: 10 + segments)
-    monkeypatch.setattr(av.CodecContext, "create", spy)
-    video_io.write_mp4(str(tmp_path / "t.mp4"), _frames(24), 24.0, segments=3)
-    assert [c.thread_count for c in made] == [13, 13]  # the two later segments (the first is the stream's own)
-
-
-def test_inference_tensors_save_from_the_worker_thread(output_dir):
-    """ComfyUI hands the save inference tensors (its executor runs in inference mode, which is per thread); the
-    encode thread runs outside it and must only read them — odd sizes (padded) and audio included."""
+def test_inference_tensors_save(output_dir):
+    """ComfyUI hands the save inference tensors (its executor runs in inference mode, which is per thread): the
+    node reads them as it is called — odd sizes (padded) and audio included."""
     with torch.inference_mode():
         frames, waveform = torch.rand(9, 33, 47, 3), torch.rand(1, 2, 20000) - 0.5
         path = _save(frames, 24.0, "inference", {"waveform": waveform, "sample_rate": 48000})["result"][0]
-    probe = video_io.probe_mp4(path)
+    probe = mp4.probe_mp4(path)
     assert (probe.frames, probe.width, probe.height, probe.audio_channels) == (9, 48, 34, 2)
 
 
 def test_the_audio_is_encoded_beside_the_video_not_after_it(tmp_path, monkeypatch):
-    """AAC took 0.3 s on one core after the x264s had finished — the last save's tail in the A/B graph. The last
-    frame is handed over only once the audio is encoded, which works only if the audio does not wait for the
+    """The AAC encode runs on a thread of its own beside x264 (after the video it was the save's serial tail): the
+    last frame is handed over only once the audio is encoded, which works only if the audio does not wait for the
     video; the file still holds both, whole."""
-    import threading
-
-    import av
-    import numpy as np
-    audio_done, encode_audio = threading.Event(), mp4_encoder._encode_audio
+    audio_done, encode_audio = threading.Event(), mp4._encode_audio
 
     def encode_then_tell(*args):
         packets = encode_audio(*args)
@@ -382,16 +425,37 @@ def test_the_audio_is_encoded_beside_the_video_not_after_it(tmp_path, monkeypatc
 
     class LastFrameAfterTheAudio:
         def __init__(self, frames: np.ndarray) -> None:
-            self.frames, self.shape = frames, frames.shape
+            self.frames, self.shape, self.ndim = frames, frames.shape, frames.ndim
 
         def __getitem__(self, index: int) -> np.ndarray:
             if index == self.shape[0] - 1:
                 assert audio_done.wait(10), "the audio waited for the video's last frame"
             return self.frames[index]
 
-    monkeypatch.setattr(mp4_encoder, "_encode_audio", encode_then_tell)
-    path, frames = str(tmp_path / "a.mp4"), _frames(48).numpy()
-    mp4_encoder.encode_mp4(path, LastFrameAfterTheAudio(frames), Fraction(24), audio=_tone(2.0).numpy())
+    monkeypatch.setattr(mp4, "_encode_audio", encode_then_tell)
+    path = mp4.save_mp4(mp4.reserve(str(tmp_path), "a"), LastFrameAfterTheAudio(_frames(48).numpy()), 24.0,
+                        _tone(2.0).numpy())
     with av.open(path) as container:
         video, sound = container.streams.video[0], container.streams.audio[0]
         assert video.frames == 48 and abs(float(sound.duration * sound.time_base) - 2.0) < 0.05
+
+
+def test_the_demos_report_is_named_with_its_run_and_never_overwritten(tmp_path):
+    """The demo's A/B report takes the counter its run's videos share, and a second report of the same counter
+    (another run reusing the folder) gets a name of its own instead of replacing the first."""
+    from nodes.tools import demo
+    videos = [str(tmp_path / f"ltx25_ab_{side}_00003_.mp4") for side in ("conv", "diffusion", "side_by_side")]
+    assert demo.run_counter(videos) == 3
+    first = demo.write_report(str(tmp_path), '{"run": 1}', 3)
+    second = demo.write_report(str(tmp_path), '{"run": 2}', 3)
+    assert os.path.basename(first) == "decoder_ab_report_00003_.json" and second != first
+    assert json.load(open(first)) == {"run": 1} and json.load(open(second)) == {"run": 2}
+
+
+def test_the_save_module_imports_alone_without_torch():
+    """nodes.media.mp4 needs only PyAV, numpy and the standard library (and the pack's error type): scripts can
+    save or probe mp4s without loading torch or any engine or ComfyUI-facing module."""
+    code = ("import sys, nodes.media.mp4; "
+            "print(sorted(m for m in sys.modules if m.startswith(('nodes', 'torch', 'diffusers', 'transformers'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert eval(out) == ["nodes", "nodes.ltx", "nodes.ltx.errors", "nodes.media", "nodes.media.mp4"], out

@@ -6,8 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from . import bridge
-from ..ltx.decode.compare import (check_comparable, check_labels, compare_report, preview_frame_indices, report_json,
-                                side_by_side, write_preview_frames)
+from .previews import preview_frame_indices, write_preview_frames
+from ..ltx.decode.compare import check_comparable, check_labels, compare_report, report_json, side_by_side
 
 
 class LTX25DecoderCompare:

@@ -1,5 +1,5 @@
 """The main job on the tiny LTX-2.5 set: write the set (cached), run the decoder A/B workflow headless, print the
-three mp4 paths and the JSON report.
+three mp4 paths and the JSON report (saved beside them under the run's counter, `decoder_ab_report_00001_.json`).
 
     python -m nodes.tools.demo --models .cache/tiny-models --out out
 """
@@ -12,8 +12,10 @@ import os
 import sys
 
 from ..comfy import bridge as comfy_bridge
+from ..comfy import previews
+from ..media import mp4
 from . import tiny
-from .run import execute, load_prompt
+from .run import execute, read_workflow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 AB_WORKFLOW = os.path.join(ROOT, "workflows", "api", "ltx25_t2v_distilled_decoder_ab.json")
@@ -46,6 +48,21 @@ def ensure_tiny_set(models_dir: str, seed: int = 0) -> None:
         f.write(fingerprint)
 
 
+def run_counter(videos: list[str]) -> int | None:
+    """The counter a run's saves share (`LTX25SaveVideo`), read from their file names; None without one."""
+    numbers = {mp4.counter_of(os.path.basename(path)) for path in videos}
+    return numbers.pop() if len(numbers) == 1 else None
+
+
+def write_report(out: str, text: str, counter: int | None) -> str:
+    """The A/B report as `decoder_ab_report_<counter>_.json` in `out`: named with the run's videos, and never
+    over an earlier run's report."""
+    name = mp4.reserve(out, "decoder_ab_report", counter, ext="json", where="--out")
+    with open(name.part, "w", encoding="utf-8") as f:
+        f.write(text)
+    return mp4.publish(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nodes.tools.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=os.path.join(ROOT, ".cache", "tiny-models"))
@@ -55,19 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     ensure_tiny_set(args.models)
     comfy_bridge.set_models_dir(args.models)
     comfy_bridge.set_output_dir(args.out)
-    prompt = load_prompt(args.workflow)
+    prompt, workflow = read_workflow(args.workflow)
     for node_id, values in DEMO_SIZE.items():
         prompt[node_id]["inputs"].update(values)
-    result = execute(prompt)
+    with previews.removed_afterwards():  # the A/B viewer's frames: no viewer here
+        result = execute(prompt, extra_pnginfo={"workflow": workflow} if workflow is not None else None)
     videos = [result["outputs"][i][0] for i, node in prompt.items() if node["class_type"] == "LTX25SaveVideo"]
     reports = [text for ui in result["ui"].values() if "ltx25_report" in ui for text in ui["text"]]
     for path in videos:
         print(path)
     for text in reports:
-        path = os.path.join(os.path.abspath(args.out), "decoder_ab_report.json")
-        with open(path, "w") as f:
-            f.write(text)
-        print(path)
+        print(write_report(args.out, text, run_counter(videos)))
         report = json.loads(text)
         print(f"[demo] PSNR {report['psnr_mean_db']} dB, SSIM {report['ssim_mean']:.4f} between the decoders",
               file=sys.stderr)

@@ -4,7 +4,9 @@
 
 WORKFLOW is API format or UI format (converted like the canvas does). Validation errors name the node and input
 and exit with status 2; progress goes to stderr; the UI outputs of output nodes are printed as JSON on stdout.
-It exists for tests and the demo — inside ComfyUI the real executor runs the same graphs.
+SIGTERM stops a run as Ctrl-C does (status 130), so a save being written removes its partial file. The A/B
+viewer's preview frames are deleted at the end: no viewer will show them. It exists for tests and the demo —
+inside ComfyUI the real executor runs the same graphs.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import argparse
 import asyncio
 import inspect
 import json
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,16 +23,23 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 from ..comfy import bridge as comfy_bridge
+from ..comfy import previews
 from ..registry import NODE_CLASS_MAPPINGS
 from .graph import GraphError, execution_order, is_link, ui_to_api, validate
-from ..ltx.decode import compare as image_compare
 from ..ltx.errors import LTX25Error
 
 
-def load_prompt(path: str, classes: Mapping[str, type] | None = None) -> dict[str, dict]:
+def read_workflow(path: str, classes: Mapping[str, type] | None = None) -> tuple[dict[str, dict], dict | None]:
+    """(API prompt, the UI workflow it came from or None): the canvas's workflow goes into the saved files."""
     with open(path, encoding="utf-8") as f:
         workflow = json.load(f)
-    return ui_to_api(workflow, classes or NODE_CLASS_MAPPINGS) if "nodes" in workflow and "links" in workflow else workflow
+    if "nodes" in workflow and "links" in workflow:
+        return ui_to_api(workflow, classes or NODE_CLASS_MAPPINGS), workflow
+    return workflow, None
+
+
+def load_prompt(path: str, classes: Mapping[str, type] | None = None) -> dict[str, dict]:
+    return read_workflow(path, classes)[0]
 
 
 def apply_overrides(prompt: dict[str, dict], overrides: list[str]) -> None:
@@ -62,23 +72,23 @@ def _sources(node: Mapping[str, Any]) -> set[str]:
 
 
 def _pick(ready: list[str], prompt: Mapping[str, dict], classes: Mapping[str, type]) -> str:
-    """ComfyUI's rule among ready nodes (`ux_friendly_pick_node`): an output or async node first, then one an output
-    node waits on, else the first in dependency order. Where ComfyUI breaks ties by its pending-set order (which
-    follows Python's hash order of the output ids), this takes an async node before a plain output node (its task
-    then runs beside it) and, among the rest, the node that feeds the most output nodes: the audio decode that
-    three saves wait on runs before the video decodes, so each save starts as soon as its frames exist."""
+    """ComfyUI's rule among ready nodes (`ux_friendly_pick_node`): an output or async node first, then a node an
+    output node waits on, then one two steps before an output node, else the first in dependency order."""
     def class_of(node_id: str) -> type:
         return classes[prompt[node_id]["class_type"]]
 
+    outputs = {o for o in prompt if is_output(class_of(o))}
     for node_id in ready:
-        if is_async(class_of(node_id)):
+        if is_output(class_of(node_id)) or is_async(class_of(node_id)):
+            return node_id
+    feeds_output = {source for o in outputs for source in _sources(prompt[o])}
+    for node_id in ready:
+        if node_id in feeds_output:
             return node_id
     for node_id in ready:
-        if is_output(class_of(node_id)):
+        if any(node_id in _sources(prompt[n]) for n in feeds_output):
             return node_id
-    outputs = [o for o in prompt if is_output(class_of(o))]
-    fed = {node_id: sum(node_id in _sources(prompt[o]) for o in outputs) for node_id in ready}
-    return max(ready, key=lambda node_id: fed[node_id])  # max keeps the first of equals
+    return ready[0]
 
 
 def needed(prompt: Mapping[str, dict], classes: Mapping[str, type], targets: Iterable[str] | None = None) -> set[str]:
@@ -100,13 +110,15 @@ def needed(prompt: Mapping[str, dict], classes: Mapping[str, type], targets: Ite
 def execute(prompt: Mapping[str, dict], classes: Mapping[str, type] | None = None,
             preset: Mapping[str, tuple] | None = None, on_start: Callable[[str], None] | None = None,
             on_end: Callable[[str, Any, float], None] | None = None,
-            targets: Iterable[str] | None = None) -> dict[str, Any]:
+            targets: Iterable[str] | None = None, extra_pnginfo: dict | None = None) -> dict[str, Any]:
     """Validate, then run the nodes inside inference mode the way ComfyUI's executor does: the output nodes (or
     `targets`) and what they depend on, one at a time in dependency order, ready async/output nodes first, async
     nodes (the saves) as tasks that run on while later nodes go on. `preset` gives outputs of nodes not to run (a
     benchmark's prebuilt loaders); `on_start(node_id)` and `on_end(node_id, raw result, seconds)` watch each node
     (an async node ends when the runner collects its finished task: the event loop, like ComfyUI's, resumes it
-    only between plain nodes, so its seconds may include the end of the plain node that ran beside it).
+    only between plain nodes, so its seconds may include the end of the plain node that ran beside it). Nodes get
+    the hidden inputs they declare as in ComfyUI: PROMPT (this `prompt`, the same dict for every node), EXTRA_PNGINFO
+    (`extra_pnginfo`: {"workflow": the UI workflow} when there is one), UNIQUE_ID.
     Returns {"outputs": {node_id: output tuple}, "ui": {node_id: ui dict}, "seconds": {node_id: s}, "wall_s": s}."""
     classes = classes or NODE_CLASS_MAPPINGS
     validate(prompt, classes)
@@ -115,7 +127,7 @@ def execute(prompt: Mapping[str, dict], classes: Mapping[str, type] | None = Non
     def run() -> dict[str, Any]:
         with torch.inference_mode():
             return asyncio.run(_execute(prompt, classes, dict(preset or {}), on_start, on_end,
-                                        needed(prompt, classes, targets)))
+                                        needed(prompt, classes, targets), extra_pnginfo))
 
     try:
         asyncio.get_running_loop()
@@ -128,7 +140,14 @@ def execute(prompt: Mapping[str, dict], classes: Mapping[str, type] | None = Non
     return result
 
 
-async def _execute(prompt, classes, preset, on_start, on_end, run: set[str]) -> dict[str, Any]:
+def _hidden(node_class: type, node_id: str, prompt: Mapping[str, dict], extra_pnginfo: dict | None) -> dict:
+    """The hidden inputs `node_class` declares, with the values ComfyUI's executor gives them."""
+    values = {"PROMPT": prompt, "EXTRA_PNGINFO": extra_pnginfo, "UNIQUE_ID": node_id}
+    declared = node_class.INPUT_TYPES().get("hidden", {})
+    return {name: values[kind] for name, kind in declared.items() if kind in values}
+
+
+async def _execute(prompt, classes, preset, on_start, on_end, run: set[str], extra_pnginfo) -> dict[str, Any]:
     outputs: dict[str, tuple] = dict(preset)
     ui: dict[str, dict] = {}
     seconds: dict[str, float] = {}
@@ -168,7 +187,7 @@ async def _execute(prompt, classes, preset, on_start, on_end, run: set[str]) -> 
         waiting.remove(node_id)
         node, cls = prompt[node_id], classes[prompt[node_id]["class_type"]]
         kwargs = {name: outputs[value[0]][value[1]] if is_link(value) else value
-                  for name, value in node["inputs"].items()}
+                  for name, value in node["inputs"].items()} | _hidden(cls, node_id, prompt, extra_pnginfo)
         print(f"[run] {node_id} {node.get('_meta', {}).get('title', node['class_type'])}", file=sys.stderr, flush=True)
         if on_start is not None:
             on_start(node_id)
@@ -182,23 +201,37 @@ async def _execute(prompt, classes, preset, on_start, on_end, run: set[str]) -> 
     return {"outputs": outputs, "ui": ui, "seconds": seconds}
 
 
+def _as_ctrl_c(signum: int, frame: object) -> None:
+    """SIGTERM handled as SIGINT is (asyncio cancels the run, and a save being written removes its partial file)."""
+    signal.raise_signal(signal.SIGINT)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nodes.tools.run", description=__doc__.splitlines()[0])
     parser.add_argument("workflow")
     parser.add_argument("--models", required=True, help="ComfyUI-style models folder")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NODE.INPUT=VALUE")
+    parser.add_argument("--vram-budget-gb", type=float, default=None,
+                        help="device memory the models may use (default: what is free); what does not fit streams")
     args = parser.parse_args(argv)
     comfy_bridge.set_models_dir(args.models)
     comfy_bridge.set_output_dir(args.out)
+    comfy_bridge.set_vram_budget_gb(args.vram_budget_gb)
+    on_sigterm = signal.signal(signal.SIGTERM, _as_ctrl_c)
     try:
-        prompt = load_prompt(args.workflow)
+        prompt, workflow = read_workflow(args.workflow)
         apply_overrides(prompt, args.overrides)
-        result = execute(prompt)
+        with previews.removed_afterwards():
+            result = execute(prompt, extra_pnginfo={"workflow": workflow} if workflow is not None else None)
     except (GraphError, LTX25Error) as e:  # the failing node: the last "[run]" line above, or "[run] N failed"
         print(f"error: {e}", file=sys.stderr)
         return 2
-    image_compare.wait_for_previews()  # the files the summary names exist when it is printed
+    except KeyboardInterrupt:
+        print("[run] stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, on_sigterm)
     summary = {"ui": result["ui"], "seconds": result["seconds"], "wall_s": result["wall_s"]}
     print(json.dumps(summary, default=str, indent=1))
     return 0

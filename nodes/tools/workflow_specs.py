@@ -60,7 +60,8 @@ def _diffusion_decode() -> Spec:
 
 
 def _save(node_id: int, images: tuple[int, int], prefix: str, title: str, **extra: Any) -> tuple:
-    return (node_id, "LTX25SaveVideo", title, {"images": images, "audio": (15, 0), "fps": 24.0,
+    """A save at the frame rate of the stage-2 latent (fps 0), with the decoded audio."""
+    return (node_id, "LTX25SaveVideo", title, {"images": images, "audio": (15, 0), "latent": (12, 0),
                                                "filename_prefix": prefix, **extra})
 
 

@@ -45,9 +45,10 @@ export function readAbPayload(ab, reportFrames) {
 /**
  * Point `image` at `urlFor(0)`, and after a failed load try `urlFor(1)`, `urlFor(2)`, … at most `retries` times,
  * waiting `delayMs` and then twice as long each time up to `maxDelayMs` (the defaults ask for ~2.5 minutes): the
- * compare node writes its preview frames in the background, on cores the saves leave idle, so a frame may not be on
- * the server until the saves of a long clip are done. Each attempt has its own URL, so no failure is served from
- * cache. `urlFor` returning null stops the retries (the viewer has moved on to another run's frames).
+ * compare node writes its preview frames in the background after it returns, beside the saves' encodes, so on a
+ * busy machine a frame may reach the server well after the node's output. Each attempt has its own URL, so no
+ * failure is served from cache. `urlFor` returning null stops the retries (the viewer has moved on to another run's
+ * frames).
  */
 export function loadWithRetry(image, urlFor, retries = 40, delayMs = 250, schedule = setTimeout, maxDelayMs = 4000) {
   let attempt = 0;

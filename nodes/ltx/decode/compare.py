@@ -2,14 +2,8 @@
 JSON report that goes with it. Frames are float [F, H, W, 3] in [0, 1]."""
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import math
-import os
-import threading
-import uuid
-from concurrent.futures import Future, wait
 from typing import Mapping
 
 import numpy as np
@@ -17,11 +11,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
-from ...media import background
 from .stats import DecodeStats
 from ..errors import LTX25Error
 
-log = logging.getLogger(__name__)
 SSIM_C1, SSIM_C2 = 0.01**2, 0.03**2  # Wang et al. 2004 with data range 1
 
 
@@ -160,55 +152,3 @@ def compare_report(a: torch.Tensor, b: torch.Tensor, labels: tuple[str, str],
 
 def report_json(report: dict) -> str:
     return json.dumps(report, indent=2)
-
-
-def preview_frame_indices(count: int, max_frames: int = 24) -> list[int]:
-    """Up to `max_frames` evenly spaced frame indices, first and last included."""
-    shown = min(count, max_frames)
-    return sorted({round(i * (count - 1) / max(1, shown - 1)) for i in range(shown)})
-
-
-_PENDING_PREVIEWS: set[Future] = set()  # written by the pool's threads
-_PENDING_LOCK = threading.Lock()
-
-
-def write_preview_frames(frames: torch.Tensor, folder: str, prefix: str, picks: list[int]) -> list[str]:
-    """Start writing the frames at `picks` as PNGs (for the canvas A/B viewer) on the background pool and return
-    their file names at once: the next nodes (the side-by-side save) need the compare's outputs, not these files,
-    and PNG-compressing dozens of frames costs seconds of CPU. Each file appears whole (written aside, then
-    renamed); the viewer retries a frame that is not there yet. `wait_for_previews` waits for them."""
-    os.makedirs(folder, exist_ok=True)
-    tag = uuid.uuid4().hex[:8]  # a fresh name per run, so the browser never shows a cached frame
-    names = [f"{prefix}_{tag}_{index:05d}.png" for index in picks]
-
-    def write(index: int, name: str) -> None:
-        path = os.path.join(folder, name)
-        try:
-            pixels = (frames[index].detach().to("cpu", torch.float32).clamp(0, 1).numpy() * 255).round()
-            Image.fromarray(pixels.astype(np.uint8)).save(path + ".part", format="png",
-                                                          compress_level=1)  # ComfyUI's preview level
-            os.replace(path + ".part", path)
-        except Exception as error:  # nothing to raise into: the node has returned
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path + ".part")
-            log.warning("LTX-2.5 A/B viewer: preview frame %s was not written: %s", name, error)
-
-    for index, name in zip(picks, names):
-        # on idle cores only: beside the saves (whose files the run waits for) they took 2 CPU-seconds from them
-        job = background.pool("previews", nice=background.PREVIEW_NICE, idle=True).submit(write, index, name)
-        with _PENDING_LOCK:
-            _PENDING_PREVIEWS.add(job)
-        job.add_done_callback(_preview_written)  # runs on the writing thread (here if already done)
-    return names
-
-
-def _preview_written(job: Future) -> None:
-    with _PENDING_LOCK:
-        _PENDING_PREVIEWS.discard(job)
-
-
-def wait_for_previews(timeout: float | None = None) -> None:
-    """Wait until every preview frame started so far is written (tests, and a headless run before it reports)."""
-    with _PENDING_LOCK:
-        pending = list(_PENDING_PREVIEWS)
-    wait(pending, timeout)
