@@ -54,7 +54,8 @@ from nodes.ltx.text import encoder as te
 from nodes.ltx.dit.accelerated_denoise import release  # noqa: E402
 from nodes.ltx.files.assets import AssetInfo, Header, Kind  # noqa: E402
 from nodes.tools.tiny import write_tiny_set  # noqa: E402
-from nodes.tools.tiny.common import GEMMA_VERSION, MODEL_VERSION, OFFICIAL_FILES  # noqa: E402
+from nodes.ltx.release import GEMMA_VERSION, MODEL_VERSION, OFFICIAL_FILES, SHIPPED_CONV_VAE_CONFIG  # noqa: E402
+from nodes.tools.tiny.audio_vae import TINY_AUDIO_VAE_CONFIG, TINY_VOCODER_CONFIG  # noqa: E402
 
 WORKFLOW = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "workflows", "api", "ltx25_t2v_distilled_decoder_ab.json")
@@ -80,10 +81,9 @@ def _info(component: str, kind: Kind) -> AssetInfo:
 def _audio_metadata() -> dict:
     """The tiny metadata at the released widths (docs/MODEL.md §11: ch 128, 2 res blocks; vocoder 1536 / BWE 512, AMP1
     resblocks k (3, 7, 11) × dilations (1, 3, 5): diffusers' LTX2VocoderWithBWE defaults for LTX-2.3)."""
-    from nodes.ltx import audio_vae as av
-    ae = json.loads(json.dumps(av.TINY_AUDIO_VAE_CONFIG))
+    ae = json.loads(json.dumps(TINY_AUDIO_VAE_CONFIG))
     ae["model"]["params"]["ddconfig"].update(ch=128, num_res_blocks=2)
-    voc = json.loads(json.dumps(av.TINY_VOCODER_CONFIG))
+    voc = json.loads(json.dumps(TINY_VOCODER_CONFIG))
     res = {"resblock_kernel_sizes": [3, 7, 11], "resblock_dilation_sizes": [[1, 3, 5]] * 3}
     voc["vocoder"].update(upsample_initial_channel=1536, **res)
     voc["bwe"].update(upsample_initial_channel=512, **res)
@@ -108,7 +108,6 @@ def build_real(device: torch.device, tiny_text_encoder: str) -> tuple[dict, dict
     import bench_transformer
     from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
     from nodes.ltx import audio_vae as av
-    from nodes.ltx.decode import conv_vae as cv
     from nodes.ltx.dit import transformer as T
     from nodes.ltx.upsampler import UpsamplerConfig
     from transformers.models.gemma4_unified.configuration_gemma4_unified import Gemma4UnifiedConfig
@@ -139,7 +138,7 @@ def build_real(device: torch.device, tiny_text_encoder: str) -> tuple[dict, dict
     out["6"] = (Loaded.register(upsampler, _info("upsampler", Kind.UPSAMPLER)),)
 
     def conv():
-        ref, ours = bench_conv_vae.build(cv.SHIPPED_VAE_CONFIG, device, bf16)
+        ref, ours = bench_conv_vae.build(SHIPPED_CONV_VAE_CONFIG, device, bf16)
         del ref  # its encoder is not part of the decode graph
         return ours
     out["7"] = (Loaded.register(timed("conv_vae", conv), _info("conv_vae", Kind.CONV_VAE)), "conv")

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import statistics
 import sys
 import time
+from unittest import mock
 
 import torch
 
@@ -27,7 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from diffusers import AutoencoderKLLTX2Video  # noqa: E402
 
 from nodes.ltx.decode import conv_vae as cv
-from nodes.ltx.decode.conv_tiling import TilingRequest  # noqa: E402
+from nodes.ltx.decode import host_frames
+from nodes.ltx.decode.tiling import TilingRequest  # noqa: E402
+from nodes.ltx.release import SHIPPED_CONV_VAE_CONFIG
+from nodes.tools.tiny.conv_vae import TINY_VAE_CONFIG, encoder_kwargs
 
 PEAK_TFLOPS = 990.0
 REAL_SHAPES = {"768x512x121": (16, 16, 24), "1920x1088x121": (16, 34, 60)}
@@ -39,7 +44,7 @@ SMOKE_LONG = {"128x64x17": (3, 2, 4), "128x64x33": (5, 2, 4)}
 def autoencoder_kwargs(vae_config: dict) -> dict:
     """AutoencoderKLLTX2Video arguments equal to our decoder (and the encoder the class insists on building)."""
     config = cv.ConvVAEConfig.from_metadata("bench", {"config": {"vae": vae_config}})
-    dec, enc = config.decoder_kwargs(), cv.encoder_kwargs(vae_config)
+    dec, enc = config.decoder_kwargs(), encoder_kwargs(vae_config)
     return dict(in_channels=3, out_channels=3, latent_channels=128, block_out_channels=enc["block_out_channels"],
                 down_block_types=enc["down_block_types"], decoder_block_out_channels=dec["block_out_channels"],
                 layers_per_block=enc["layers_per_block"], decoder_layers_per_block=dec["layers_per_block"],
@@ -66,6 +71,41 @@ def build(vae_config: dict, device: torch.device, dtype: torch.dtype):
     ours.register_buffer("latents_mean", ref.latents_mean.clone())
     ours.register_buffer("latents_std", ref.latents_std.clone())
     return ref, ours.eval()
+
+
+class PixelNormSiLU(torch.nn.Module):
+    """diffusers' `PerChannelRMSNorm` (x / √(mean_c x² + eps), in x's dtype, as the reference) followed by SiLU, as
+    one module so `torch.compile` emits one kernel instead of four full-size temporaries."""
+
+    def __init__(self, eps: float = 1e-8, compiled: bool = False) -> None:
+        super().__init__()
+        self.eps = eps
+        self._fn = torch.compile(self._norm_silu, dynamic=True) if compiled else self._norm_silu
+
+    def _norm_silu(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.silu(x / torch.sqrt(torch.mean(x * x, dim=1, keepdim=True) + self.eps))
+
+    def forward(self, x: torch.Tensor, channel_dim: int | None = None) -> torch.Tensor:
+        return self._fn(x)
+
+
+def optimize_decoder(vae: cv.ConvVideoVAE, channels_last: bool = False, fuse_norm_act: bool = False,
+                     compile_norm_act: bool = False) -> cv.ConvVideoVAE:
+    """The variants measured against the plain decoder, applied in place (the product uses none of them).
+
+    channels_last: NDHWC weights (cuDNN's fast layout for bf16 conv3d; inputs follow the weights).
+    fuse_norm_act: every norm→SiLU pair becomes one `PixelNormSiLU` and the separate SiLU an identity. Valid only
+    because the 2.5 decoder has no timestep scale/shift or noise between them (the config refuses both)."""
+    decoder = vae.decoder
+    if fuse_norm_act:
+        fused = PixelNormSiLU(1e-8, compiled=compile_norm_act)
+        for block in decoder.modules():
+            if block.__class__.__name__ == "LTX2VideoResnetBlock3d":
+                block.norm1, block.norm2, block.nonlinearity = fused, fused, torch.nn.Identity()
+        decoder.norm_out, decoder.conv_act = fused, torch.nn.Identity()
+    if channels_last:
+        decoder.to(memory_format=torch.channels_last_3d)
+    return vae
 
 
 def conv_flops(module: torch.nn.Module, run) -> int:
@@ -130,7 +170,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    vae_config = cv.TINY_VAE_CONFIG if args.smoke else cv.SHIPPED_VAE_CONFIG
+    vae_config = TINY_VAE_CONFIG if args.smoke else SHIPPED_CONV_VAE_CONFIG
     shapes, long_shapes = (SMOKE_SHAPES, SMOKE_LONG) if args.smoke else (REAL_SHAPES, LONG_SHAPES)
     repeats = 1 if args.smoke else args.repeats
     if args.shapes:
@@ -146,7 +186,7 @@ def main(argv=None) -> int:
                      "torch": torch.__version__, "dtype": str(dtype), "decoder_weights_gib": weights / 2**30,
                      "shapes": {}}
     # diffusers' own tiling defaults (512 px tiles at stride 448, 16 frames at stride 8), and ours at the same sizes
-    same_as_diffusers = TilingRequest("manual", 512, 64, 16, 8)
+    same_as_diffusers = TilingRequest("manual", tile_frames=16, tile_pixels=512, overlap_frames=8, overlap_pixels=64)
 
     for name, (f, h, w) in shapes.items():
         z = torch.randn(1, 128, f, h, w, device=device, dtype=torch.float32)
@@ -175,24 +215,22 @@ def main(argv=None) -> int:
             budgets = {"within_diffusers_peak": int(row["diffusers_tiled_own"].get("activation_peak_gib", 0) * 2**30),
                        "one_at_a_time": cv.decode_plan(ours, tuple(z.shape), same_as_diffusers, None).estimate_bytes}
             for label, budget in budgets.items():
-                _, stats = cv.decode_conv(ours, z, same_as_diffusers, memory_budget=budget)
+                _, stats = cv.decode_conv(ours, z, same_as_diffusers, free_memory=budget)
                 row[f"ours_manual_diffusers_sizes_{label}"] = {
-                    **measure(lambda: cv.decode_conv(ours, z, same_as_diffusers, memory_budget=budget), device,
+                    **measure(lambda: cv.decode_conv(ours, z, same_as_diffusers, free_memory=budget), device,
                               repeats),
                     "tile_batch": stats.extra["tile_batch"]}
             streamed, stats = cv.decode_conv(ours, z, same_as_diffusers)
             row["ours_manual_diffusers_sizes"]["tile_batch"] = stats.extra["tile_batch"]
-            # the same decode with plain blocking copies to host memory: time, and that the frames are identical
-            cv.STREAM_TO_HOST = False
-            try:
+            # the same decode with plain blocking copies to host memory (the decode's copier swapped for the bench
+            # only): time, and that the frames are identical
+            with mock.patch.object(cv, "host_copier", functools.partial(host_frames.host_copier, staged=False)):
                 blocking, _ = cv.decode_conv(ours, z, same_as_diffusers)
                 row["ours_manual_diffusers_sizes_blocking_copy"] = {
                     **measure(lambda: cv.decode_conv(ours, z, same_as_diffusers), device, repeats),
                     "max_abs_diff_vs_streamed": float((blocking - streamed).abs().max())}
                 row["ours_off_blocking_copy"] = measure(lambda: cv.decode_conv(ours, z, TilingRequest("off")), device,
                                                         repeats)
-            finally:
-                cv.STREAM_TO_HOST = True
             del streamed, blocking
             _, stats = cv.decode_conv(ours, z, TilingRequest("auto"))
             row["ours_auto_plan"] = {"tiles": stats.tile_count, "plan": stats.extra["plan"]}
@@ -204,7 +242,7 @@ def main(argv=None) -> int:
                 variants["channels_last_fused_compiled"] = dict(channels_last=True, fuse_norm_act=True,
                                                                 compile_norm_act=True)
             for label, options in variants.items():
-                fast = cv.optimize_decoder(copy.deepcopy(ours), **options)
+                fast = optimize_decoder(copy.deepcopy(ours), **options)
                 start = time.perf_counter()
                 frames, _ = cv.decode_conv(fast, z, TilingRequest("off"))
                 row[f"ours_{label}"] = {**measure(lambda: cv.decode_conv(fast, z, TilingRequest("off")), device,
@@ -227,8 +265,8 @@ def main(argv=None) -> int:
     for name, (f, h, w) in long_shapes.items():
         z = torch.randn(1, 128, f, h, w, device=device)
         with torch.inference_mode():
-            _, stats = cv.decode_conv(ours, z, TilingRequest("auto"), memory_budget=budget)
-            streaming[name] = {**measure(lambda: cv.decode_conv(ours, z, TilingRequest("auto"), memory_budget=budget),
+            _, stats = cv.decode_conv(ours, z, TilingRequest("auto"), free_memory=budget)
+            streaming[name] = {**measure(lambda: cv.decode_conv(ours, z, TilingRequest("auto"), free_memory=budget),
                                          device, 1), "tiles": stats.tile_count, "estimate_gib":
                                stats.extra["estimate_bytes"] / 2**30}
     peaks = [v.get("peak_gib", 0) for v in streaming.values()]

@@ -23,6 +23,7 @@ from bench_diffusion_vae import RELEASED_METADATA, build  # noqa: E402
 
 from nodes.ltx.decode import conv_vae as cv
 from nodes.ltx.decode import diffusion_vae as dv
+from nodes.ltx.release import SHIPPED_CONV_VAE_CONFIG
 
 
 def seconds(fn) -> float:
@@ -48,7 +49,7 @@ def main() -> None:
                   f"equal to the device's: {torch.equal(host, kept.cpu())}", flush=True)
         except Exception as error:  # noqa: BLE001 - the timing below still runs
             print(f"[check] {mode}: failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
-    _ref, conv = build_conv(cv.SHIPPED_VAE_CONFIG, device, dtype)
+    _ref, conv = build_conv(SHIPPED_CONV_VAE_CONFIG, device, dtype)
     latent = torch.randn(1, 128, 16, 16, 24, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     cases = {"diffusion": lambda: dv.decode(vae, latent, processor="auto", tiling_mode="off"),
              "conv": lambda: cv.decode_conv(conv, latent)}

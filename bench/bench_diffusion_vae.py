@@ -34,6 +34,7 @@ from diffusers.models.autoencoders.ltx2_diffusion_decoder import (  # noqa: E402
 from nodes.ltx.decode import diffusion_tiling as dt
 from nodes.ltx.decode import diffusion_vae as dv
 from nodes.ltx.kernels import na_attention as na
+from nodes.tools.tiny.diffusion_vae import TINY_DECODER
 
 GiB = 2**30
 RELEASED_METADATA = {"config": {"vae": {"_class_name": "CausalDiffusionVAE", "model_output_type": "x0", "decoder": {
@@ -44,7 +45,7 @@ RELEASED_METADATA = {"config": {"vae": {"_class_name": "CausalDiffusionVAE", "mo
     "timestep_scale_multiplier": 1000.0, "default_num_inference_steps": 1, "resampler_kind": "linear",
     "spatial_padding_mode": "zeros"}}}}  # docs/MODEL.md §10.1
 TINY_METADATA = {"config": {"vae": {"_class_name": "CausalDiffusionVAE", "model_output_type": "x0",
-                                    "decoder": dv.TINY_DECODER}}}
+                                    "decoder": TINY_DECODER}}}
 REAL_SHAPES = {"768x512x121": (16, 16, 24), "1920x1088x121": (16, 34, 60)}
 LONG_SHAPES = {"1920x1088x121": (16, 34, 60), "1920x1088x241": (31, 34, 60)}
 SMOKE_SHAPES = {"96x96x17": (3, 3, 3), "128x96x25": (4, 3, 4)}
@@ -181,9 +182,10 @@ def conv_decode(shape: tuple[int, int, int], device, dtype, repeats) -> dict:
     try:
         from bench_conv_vae import build as build_conv
         from nodes.ltx.decode import conv_vae as cv
+        from nodes.ltx.release import SHIPPED_CONV_VAE_CONFIG
     except ImportError as error:
         return {"error": f"conv VAE bench helpers unavailable: {error}"}
-    _ref, conv = build_conv(cv.SHIPPED_VAE_CONFIG, device, dtype)
+    _ref, conv = build_conv(SHIPPED_CONV_VAE_CONFIG, device, dtype)
     latent = torch.randn(1, 128, *shape, device=device, dtype=dtype)
     return measure(lambda: cv.decode_conv(conv, latent), device, repeats)[0]
 

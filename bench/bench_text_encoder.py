@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nodes.ltx.text import encoder as te
 from nodes.tools.tiny.common import TINY_DIMS  # noqa: E402
+from nodes.tools.tiny.text_encoder import tiny_gemma_config  # noqa: E402
 from transformers.models.gemma4_unified.configuration_gemma4_unified import Gemma4UnifiedConfig  # noqa: E402
 
 PEAK_BF16_FLOPS = 990e12
@@ -142,7 +143,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.smoke:
         device, runs = torch.device("cpu"), min(args.runs, 2)
-        config = Gemma4UnifiedConfig.from_dict(te.tiny_gemma_config(vocab_size=460))
+        config = Gemma4UnifiedConfig.from_dict(tiny_gemma_config(vocab_size=460))
         dims = (TINY_DIMS["video_inner"], TINY_DIMS["audio_inner"])
     else:
         if not torch.cuda.is_available():

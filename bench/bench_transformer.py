@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from nodes.ltx.dit import transformer as T
+from nodes.tools.tiny.transformer import tiny_config_block
 from nodes.ltx.dit.accelerated_denoise import make_denoiser  # noqa: E402
 from nodes.ltx.conditioning import Conditioning  # noqa: E402
 from nodes.ltx.dit.positions import (first_frame_keyframes_mask, patchify_audio, patchify_video,  # noqa: E402
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    block = T.tiny_config_block() if args.smoke else dict(T.SHIPPED_CONFIG)
+    block = tiny_config_block() if args.smoke else dict(T.SHIPPED_CONFIG)
     config = T.TransformerConfig.from_metadata("bench", {"config": {"transformer": block}})
     shapes = SMOKE_SHAPES if args.smoke else REAL_SHAPES
     variants = ["ours"] + [v for v in args.variants.split(",") if v != "ours"]  # ours: the reference of the diffs

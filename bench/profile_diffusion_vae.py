@@ -27,7 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_diffusion_vae import RELEASED_METADATA, TINY_METADATA, build  # noqa: E402
 
+from nodes.ltx import compat
 from nodes.ltx.decode import diffusion_vae as dv
+from nodes.ltx.decode.tiling import TilingRequest
 from nodes.ltx.kernels import na_attention as na
 
 
@@ -63,17 +65,19 @@ class Clock:
 
 
 class TimedProcessor(na.NeighborhoodAttnProcessor):
-    """`inner` with its three parts timed per (grid, heads, kernel); records the shapes seen."""
+    """`inner` with its three parts timed per (grid, heads, kernel); records the shapes seen. It takes on the inner
+    processor's fused passes, so the decode runs the path the product runs with `inner`."""
 
     def __init__(self, inner: na.NeighborhoodAttnProcessor, clock: Clock) -> None:
         self.inner, self.clock, self.shapes, self.name = inner, clock, {}, inner.name
+        self.fused_projection, self.fused_block = inner.fused_projection, inner.fused_block
 
     def __call__(self, attn, hidden_states, block_mask=None):
         b, t, h, w, c = hidden_states.shape
         key = f"{(t, h, w)} heads={attn.heads} k={tuple(attn.kernel_size)}"
         self.shapes[key] = ((b, t, h, w, attn.heads, attn.head_dim), tuple(attn.kernel_size))
         with self.clock.span(f"attn.qkv {key}"):
-            q, k, v = na.project_qkv(attn, hidden_states, self.inner.fused_projection)
+            q, k, v = na.project_qkv(attn, hidden_states, self.fused_projection)
         with self.clock.span(f"attn.na3d {key}"):
             out = self.inner.na3d(q, k, v, tuple(attn.kernel_size))
         with self.clock.span(f"attn.out {key}"):
@@ -84,7 +88,7 @@ def timed_decode(vae, latent, clock: Clock, processor: na.NeighborhoodAttnProces
     """One untiled decode with the stages wrapped in spans; returns the per-label totals."""
     decoder = vae.model.decoder
     originals = {name: getattr(decoder, name) for name in ("forward_stage_4", "forward_diffusion_step")}
-    stages = dv.stages_1_to_3
+    stages = compat.stages_1_to_3_before_last_upsample
 
     def wrap(label, fn):
         def run(*args, **kwargs):
@@ -94,14 +98,14 @@ def timed_decode(vae, latent, clock: Clock, processor: na.NeighborhoodAttnProces
 
     for name, fn in originals.items():
         setattr(decoder, name, wrap(name, fn))
-    dv.stages_1_to_3 = wrap("stages_1_to_3", stages)
+    compat.stages_1_to_3_before_last_upsample = wrap("stages_1_to_3", stages)
     try:
         with clock.span("decode total"):
-            dv.decode(vae, latent, processor=processor, tiling_mode="off")
+            dv.decode(vae, latent, processor=processor, request=TilingRequest("off"))
     finally:
         for name in originals:
             delattr(decoder, name)
-        dv.stages_1_to_3 = stages
+        compat.stages_1_to_3_before_last_upsample = stages
     return clock.totals()
 
 
@@ -160,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
     clock = Clock(device)
     timed = TimedProcessor(na.make_processor(args.processor, device), clock)
-    dv.decode(vae, latent, processor=timed.inner, tiling_mode="off")  # warm-up
+    dv.decode(vae, latent, processor=timed.inner, request=TilingRequest("off"))  # warm-up
     results["breakdown"] = timed_decode(vae, latent, clock, timed)
     for label, row in sorted(results["breakdown"].items(), key=lambda kv: -kv[1]["seconds"]):
         print(f"[profile] {row['seconds']:8.4f} s  {row['calls']:4d}×  {label}", file=sys.stderr, flush=True)
@@ -169,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         activities = [torch.profiler.ProfilerActivity.CPU] + \
             ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with torch.profiler.profile(activities=activities) as prof:
-            dv.decode(vae, latent, processor=timed.inner, tiling_mode="off")
+            dv.decode(vae, latent, processor=timed.inner, request=TilingRequest("off"))
         sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
         table = prof.key_averages().table(sort_by=sort, row_limit=45, max_name_column_width=90)
         with open(os.path.join(args.out_dir, "profile_table.txt"), "w") as f:

@@ -17,6 +17,7 @@ from nodes.ltx import audio_vae as av
 from nodes.ltx.files.assets import inspect_asset
 from nodes.ltx.errors import LTX25Error
 from nodes.ltx.files.keymap import KeyMap, check_coverage
+from nodes.tools.tiny.audio_vae import TINY_AUDIO_VAE_CONFIG, TINY_VOCODER_CONFIG
 
 T_17_FRAMES_24FPS = 18          # round(17 / 24 · 25): 0.7 s of audio keeps the vocoder tests fast (one shape)
 
@@ -82,8 +83,8 @@ def test_values_that_differ_from_diffusers_defaults_come_from_the_file(audio_vae
 ])
 def test_unsupported_config_values_name_the_key(section, change, key):
     """Unsupported values are refused by key before anything is built."""
-    audio = json.loads(json.dumps(av.TINY_AUDIO_VAE_CONFIG))
-    vocoder = json.loads(json.dumps(av.TINY_VOCODER_CONFIG))
+    audio = json.loads(json.dumps(TINY_AUDIO_VAE_CONFIG))
+    vocoder = json.loads(json.dumps(TINY_VOCODER_CONFIG))
     (audio["model"]["params"]["ddconfig"] if section == "ddconfig" else vocoder[section]).update(change)
     metadata = {"config": {"audio_vae": audio, "vocoder": vocoder}}
     with pytest.raises(LTX25Error) as info:

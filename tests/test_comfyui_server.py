@@ -123,7 +123,7 @@ def test_loader_widgets_list_the_tiny_files_under_their_official_names(server, t
     """The loaders' file widgets see the models folders given by --extra-model-paths-config, including
     `latent_upscale_models`, which ComfyUI 0.3.x does not define itself. Fails when the pack registers the
     folder too late or in the wrong place, so the upsampler loader offers nothing."""
-    from nodes.tools.tiny.common import OFFICIAL_FILES
+    from nodes.ltx.release import OFFICIAL_FILES
     info = server.client.get("/object_info")
     loader_of = {"diffusion_models": "LTX25TransformerLoader", "text_encoders": "LTX25TextEncoderLoader",
                  "vae": "LTX25VideoVAELoader", "latent_upscale_models": "LTX25UpsamplerLoader"}

@@ -11,21 +11,23 @@ from nodes.comfy import bridge
 from nodes.comfy.conditioning import LTX25Connector
 from nodes.comfy.handles import Loaded
 from nodes.ltx.dit import connector as C
-from nodes.tools.tiny import common as tiny_common
 from nodes.ltx.files.assets import Kind, inspect_asset
 from nodes.ltx.conditioning import TextFeatures
 from nodes.ltx.errors import LTX25Error
-from nodes.ltx.dit.transformer import SHIPPED_CONFIG, tiny_config_block
+from nodes.ltx.dit.transformer import SHIPPED_CONFIG
+from nodes.ltx.release import GEMMA_VERSION
+from nodes.tools.tiny.common import TINY_DIMS
+from nodes.tools.tiny.transformer import tiny_config_block
 
 L = 1024
-VIDEO_W, AUDIO_W = tiny_common.TINY_DIMS["video_inner"], tiny_common.TINY_DIMS["audio_inner"]
+VIDEO_W, AUDIO_W = TINY_DIMS["video_inner"], TINY_DIMS["audio_inner"]
 
 
 @pytest.fixture(scope="module")
 def te_info(tiny_file):
     """A text-encoder AssetInfo with the paired Gemma tag (the TE file itself belongs to another writer)."""
     info = inspect_asset(tiny_file("transformer"))
-    return dataclasses.replace(info, kind=Kind.TEXT_ENCODER, gemma_version=tiny_common.GEMMA_VERSION)
+    return dataclasses.replace(info, kind=Kind.TEXT_ENCODER, gemma_version=GEMMA_VERSION)
 
 
 def tokens(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ from nodes.comfy import bridge as comfy_bridge
 from nodes.comfy.loaders import (LTX25AudioVAELoader, LTX25TextEncoderLoader, LTX25TransformerLoader, LTX25UpsamplerLoader,
                            LTX25VideoVAELoader)
 from nodes.ltx.errors import LTX25Error
-from nodes.tools.tiny.common import OFFICIAL_FILES
+from nodes.ltx.release import OFFICIAL_FILES
 
 NAME = {component: name for component, (_folder, name) in OFFICIAL_FILES.items()}
 

@@ -17,12 +17,14 @@ from tokenizers import Tokenizer, processors
 from nodes.comfy import bridge
 from nodes.ltx.files import assets
 from nodes.ltx.files import keymap
-from nodes.tools.tiny import common as tiny_common
 from nodes.ltx.text import encoder as te
 from nodes.ltx.files.assets import AssetInfo, Kind
 from nodes.ltx.errors import LTX25Error
 from nodes.ltx.text.tokenizer import GemmaTokenizer
 from nodes.ltx.text.projection import TextProjection, normalize_and_flatten, stream_scale
+from nodes.ltx.release import GEMMA_VERSION
+from nodes.tools.tiny import text_encoder as tiny_text_encoder
+from nodes.tools.tiny.common import TINY_DIMS
 from nodes.comfy.text import LTX25EncodePrompt, split_prompts
 
 TOWERS = 11  # vision_model.* (9) + multi_modal_projector (1) + audio_projector (1), as in the real file
@@ -82,19 +84,19 @@ def test_tiny_file_has_the_native_layout(path):
                                        "generation_config.json")} <= keys
     assert header.tensors["tokenizer_json"].dtype == "U8"
     config = header.metadata["gemma_config"]
-    assert config["model_type"] == "gemma4_unified" and config["gemma_version"] == tiny_common.GEMMA_VERSION
+    assert config["model_type"] == "gemma4_unified" and config["gemma_version"] == GEMMA_VERSION
     assert header.metadata["format"] == "pt"
     # real tensor inventory facts (§3.3): global layers (idx % 6 == 5) have no v_proj, sliding ones do
     assert "model.layers.5.self_attn.v_proj.weight" not in keys and "model.layers.4.self_attn.v_proj.weight" in keys
     assert header.tensors["model.layers.5.self_attn.k_norm.weight"].shape == (32,)  # global_head_dim
     assert header.tensors["text_embedding_projection.audio_aggregate_embed.weight"].shape == (
-        tiny_common.TINY_DIMS["audio_inner"], tiny_common.TINY_DIMS["text_hidden"] * 7)
+        TINY_DIMS["audio_inner"], TINY_DIMS["text_hidden"] * 7)
 
 
 def test_tiny_writer_is_deterministic(tmp_path):
     """Same seed ⇒ same metadata and tensors (tokenizer training included), so cached tiny sets stay valid.
     (Not the raw bytes: safetensors writes metadata keys in hash-map order.)"""
-    paths = [te.write_tiny(str(tmp_path / f"{name}.safetensors"), 3) for name in "ab"]
+    paths = [tiny_text_encoder.write_tiny(str(tmp_path / f"{name}.safetensors"), 3) for name in "ab"]
     headers = [assets.read_header(p) for p in paths]
     assert headers[0].metadata == headers[1].metadata and headers[0].tensors == headers[1].tensors
     with safe_open(paths[0], "pt") as fa, safe_open(paths[1], "pt") as fb:
@@ -149,7 +151,7 @@ def test_spec_reads_only_the_tokenizer_tensors(path, monkeypatch):
     monkeypatch.setattr(te, "safe_open", Recording)
     spec = te.TextEncoderSpec.from_file(path)
     assert sorted(read) == ["hf_asset__tokenizer_config.json", "tokenizer_json"]
-    assert (spec.video_dim, spec.audio_dim) == (tiny_common.TINY_DIMS["video_inner"], tiny_common.TINY_DIMS["audio_inner"])
+    assert (spec.video_dim, spec.audio_dim) == (TINY_DIMS["video_inner"], TINY_DIMS["audio_inner"])
 
 
 def test_gemma_config_comes_from_the_file(spec):
@@ -182,8 +184,8 @@ def test_other_gemma_models_are_refused_naming_the_key():
 
 def test_wrong_gemma_version_is_detectable(tmp_path, spec):
     """A text encoder from another Gemma fine-tune carries another `gemma_version`; the pairing check refuses it."""
-    other = te.write_tiny(str(tmp_path / "other.safetensors"), 0, gemma_version="gemma4-12b-ltx-v0")
-    transformer = AssetInfo("t.safetensors", Kind.TRANSFORMER, "2.5.0", tiny_common.GEMMA_VERSION, {}, None, None)
+    other = tiny_text_encoder.write_tiny(str(tmp_path / "other.safetensors"), 0, gemma_version="gemma4-12b-ltx-v0")
+    transformer = AssetInfo("t.safetensors", Kind.TRANSFORMER, "2.5.0", GEMMA_VERSION, {}, None, None)
     assets.check_gemma_pairing(transformer, spec.info)
     with pytest.raises(LTX25Error, match="gemma4-12b-ltx-v0"):
         assets.check_gemma_pairing(transformer, te.TextEncoderSpec.from_file(other).info)
@@ -316,8 +318,8 @@ def test_batch_of_two_equals_two_single_runs(spec):
     for name in ("video", "audio"):
         alone = torch.cat([getattr(first, name), getattr(second, name)])
         assert _diff(getattr(both, name), alone) < 2e-2, f"{name}: {_diff(getattr(both, name), alone)}"
-    assert both.video.shape == (2, 1024, tiny_common.TINY_DIMS["video_inner"])
-    assert both.audio.shape == (2, 1024, tiny_common.TINY_DIMS["audio_inner"])
+    assert both.video.shape == (2, 1024, TINY_DIMS["video_inner"])
+    assert both.audio.shape == (2, 1024, TINY_DIMS["audio_inner"])
 
 
 def test_cache_hit_skips_loading_gemma(spec, count_loads):

@@ -19,6 +19,7 @@ from nodes.ltx.files.assets import inspect_asset, read_state_dict
 from nodes.ltx.conditioning import Conditioning
 from nodes.ltx.errors import LTX25Error
 from nodes.ltx.files.keymap import KeyMap, load_strict
+from nodes.tools.tiny import transformer as tiny_transformer
 
 VIDEO, AUDIO = (1, 128, 3, 2, 2), (1, 8, 5, 16)   # 17 frames: 3 latent frames of 2×2 cells; 5 audio frames
 
@@ -82,7 +83,7 @@ def test_av_gate_multiplier_comes_from_the_file_and_matters(transformer_path, tr
         transformer.dit.register_to_config(cross_attn_timestep_scale_multiplier=1000.0)
     diff = max((a - b).abs().max().item() for a, b in zip(want, got))
     assert diff > 1e-4, f"the AV gate multiplier did not change the output (max diff {diff})"
-    block = {k: v for k, v in T.tiny_config_block().items() if k != "av_ca_timestep_scale_multiplier"}
+    block = {k: v for k, v in tiny_transformer.tiny_config_block().items() if k != "av_ca_timestep_scale_multiplier"}
     with pytest.raises(LTX25Error, match="av_ca_timestep_scale_multiplier"):
         T.TransformerConfig.from_metadata(transformer_path, {"config": {"transformer": block}})
 
@@ -93,7 +94,7 @@ def test_av_gate_multiplier_comes_from_the_file_and_matters(transformer_path, tr
                                        ("num_layers", "48")])
 def test_unsupported_config_values_are_refused_by_name(transformer_path, key, value):
     """Anything the LTX-2.5 architecture cannot be built with raises LTX25Error naming the key."""
-    block = {**T.tiny_config_block(), key: value}
+    block = {**tiny_transformer.tiny_config_block(), key: value}
     with pytest.raises(LTX25Error, match=key):
         T.TransformerConfig.from_metadata(transformer_path, {"config": {"transformer": block}})
 
@@ -117,7 +118,8 @@ def test_tiny_file_loads_with_full_coverage(transformer_path, transformer):
 def test_removing_any_key_map_row_breaks_loading(transformer_path):
     """Each rename row is needed: without it the strict load names missing/unused keys."""
     native = read_state_dict(transformer_path)
-    build = lambda: T.LTX25Transformer(T.TransformerConfig.from_metadata(transformer_path, T.tiny_metadata()))  # noqa: E731
+    metadata = tiny_transformer.tiny_metadata()
+    build = lambda: T.LTX25Transformer(T.TransformerConfig.from_metadata(transformer_path, metadata))  # noqa: E731
     for i, row in enumerate(T.KEY_MAP.renames):
         smaller = KeyMap("without one row", T.KEY_MAP.renames[:i] + T.KEY_MAP.renames[i + 1:])
         with pytest.raises(LTX25Error, match="key coverage"):
@@ -315,6 +317,6 @@ def test_mismatched_inputs_are_refused(transformer):
 
 def test_write_tiny_is_deterministic(tmp_path):
     """Same seed, same tensors (tests and the demo rely on a reproducible tiny set)."""
-    a = read_state_dict(T.write_tiny(str(tmp_path / "a.safetensors"), 3))
-    b = read_state_dict(T.write_tiny(str(tmp_path / "b.safetensors"), 3))
+    a = read_state_dict(tiny_transformer.write_tiny(str(tmp_path / "a.safetensors"), 3))
+    b = read_state_dict(tiny_transformer.write_tiny(str(tmp_path / "b.safetensors"), 3))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -14,6 +14,7 @@ from nodes.comfy.handles import Loaded
 from nodes.ltx import upsampler as ups
 from nodes.ltx.errors import LTX25Error
 from nodes.tools.tiny.common import latent_statistics
+from nodes.tools.tiny.upsampler import TINY_CONFIG
 from nodes.comfy.sampling import LTX25LatentUpsample
 
 
@@ -61,7 +62,7 @@ def test_loads_strictly_with_identical_keys(tiny_file, tiny_upsampler):
 def test_config_and_keys_disagreeing_refused(tiny_file, tmp_path):
     """Metadata saying rational_resampler true over `upsampler.0.*` keys is refused before building anything."""
     tensors = load_file(tiny_file("upsampler"))
-    config = dict(ups.TINY_CONFIG, rational_resampler=True)
+    config = dict(TINY_CONFIG, rational_resampler=True)
     path = str(tmp_path / "mismatch.safetensors")
     save_file(tensors, path, metadata={"config": json.dumps(config)})
     with pytest.raises(LTX25Error, match="resampler keys"):
@@ -73,7 +74,7 @@ def test_missing_tensor_refused(tiny_file, tmp_path):
     tensors = load_file(tiny_file("upsampler"))
     tensors.pop("final_conv.bias")
     path = str(tmp_path / "short.safetensors")
-    save_file(tensors, path, metadata={"config": json.dumps(ups.TINY_CONFIG)})
+    save_file(tensors, path, metadata={"config": json.dumps(TINY_CONFIG)})
     with pytest.raises(LTX25Error, match="final_conv.bias"):
         ups.load_upsampler(path)
 

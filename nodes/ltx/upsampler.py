@@ -13,7 +13,6 @@ import torch
 from diffusers.pipelines.ltx2.latent_upsampler import (RATIONAL_RESAMPLER_SCALE_MAPPING, BlurDownsample,
                                                        LTX2LatentUpsamplerModel)
 
-from ..tools.tiny import common as tiny_common
 from .files.assets import Kind, expect_kind, read_state_dict
 from .errors import LTX25Error
 from .files.keymap import KeyMap, load_strict
@@ -137,15 +136,3 @@ def upsample_latent(upsampler: torch.nn.Module, latent: torch.Tensor, mean: torc
         raw = denormalize_video(latent, mean, std, param.device)
         out = normalize_video(upsampler(raw.to(param.dtype)), mean, std)
     return out.to(output_device or latent.device, latent.dtype)
-
-
-TINY_CONFIG = {"_class_name": "LatentUpsampler", "in_channels": 128, "mid_channels": 32, "num_blocks_per_stage": 1,
-               "dims": 3, "spatial_upsample": True, "temporal_upsample": False, "spatial_scale": 2.0,
-               "rational_resampler": False}
-
-
-def write_tiny(path: str, seed: int = 0) -> str:
-    """A tiny x2 spatial upsampler in the native format (flat `config` metadata, native key names)."""
-    config = UpsamplerConfig(**{k: v for k, v in TINY_CONFIG.items() if k != "_class_name"})
-    module = tiny_common.randomize_(LTX2LatentUpsamplerModel(**config.diffusers_kwargs()), seed, "upsampler")
-    return tiny_common.save_native(path, KEY_MAP.to_native(module.state_dict()), {"config": TINY_CONFIG})

@@ -12,9 +12,9 @@ import json
 import os
 from typing import Any, Mapping
 
+from ..ltx.release import OFFICIAL_FILES
 from ..registry import NODE_CLASS_MAPPINGS
 from .graph import execution_order, has_control_value, input_specs, is_widget
-from .tiny.common import OFFICIAL_FILES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FILES = {component: name for component, (_folder, name) in OFFICIAL_FILES.items()}

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
-from diffusers.models.autoencoders.autoencoder_kl_ltx2 import LTX2VideoDecoder3d, LTX2VideoEncoder3d
+from diffusers.models.autoencoders.autoencoder_kl_ltx2 import LTX2VideoDecoder3d
 
-from ...tools.tiny import common as tiny_common
 from ..files.assets import Kind, expect_kind, read_state_dict
 from .conv_tiling import (CostModel, TilePlan, TilingRequest, plan_tiles, spatial_pixels, temporal_pixels,
                           tile_batch)
@@ -33,8 +32,6 @@ from .host_frames import HostFrames, host_copier
 
 LATENT_CHANNELS = 128
 UPSAMPLER_KINDS = {"compress_all": "spatiotemporal", "compress_time": "temporal", "compress_space": "spatial"}
-DOWNSAMPLER_KINDS = {"compress_all_res": "spatiotemporal", "compress_time_res": "temporal",
-                     "compress_space_res": "spatial"}
 _STRIDES = {"spatiotemporal": (2, 2, 2), "temporal": (2, 1, 1), "spatial": (1, 2, 2)}
 # Native decoder block index → diffusers module, for the nine-block 2.3/2.5 layout (checked by the config).
 _DECODER_MODULES = ("mid_block", "up_blocks.0.upsamplers.0", "up_blocks.0", "up_blocks.1.upsamplers.0", "up_blocks.1",
@@ -58,16 +55,6 @@ KEY_MAP = KeyMap(
              "dataset statistics the decoder does not use (diffusers' converter drops them too)"),
     ),
 )
-
-# The writer's encoder rows (the loader drops `encoder.*`): native flat `down_blocks.{0..8}` → diffusers groups.
-_ENCODER_MODULES = ("down_blocks.0", "down_blocks.0.downsamplers.0", "down_blocks.1", "down_blocks.1.downsamplers.0",
-                    "down_blocks.2", "down_blocks.2.downsamplers.0", "down_blocks.3", "down_blocks.3.downsamplers.0",
-                    "mid_block")
-ENCODER_KEY_MAP = KeyMap("conv video VAE encoder (tiny writer)", renames=tuple(
-    Rename(f"encoder.down_blocks.{i}.res_blocks", f"encoder.{module}.resnets") if i % 2 == 0
-    else Rename(f"encoder.down_blocks.{i}.conv", f"encoder.{module}.conv")
-    for i, module in enumerate(_ENCODER_MODULES)))
-
 
 def _block_params(where: str, key: str, block: Any) -> tuple[str, dict]:
     if not (isinstance(block, (list, tuple)) and len(block) == 2 and isinstance(block[0], str)):
@@ -146,22 +133,6 @@ class ConvVAEConfig:
             spatial_padding_mode=self.spatial_padding_mode)
 
 
-def encoder_kwargs(vae: Mapping[str, Any]) -> dict[str, Any]:
-    """`LTX2VideoEncoder3d` arguments from a native `config.vae` (the tiny writer and the benchmark build the encoder;
-    the loader does not). diffusers' encoder widens to `latent_channels` in conv_in, so its base width is 128."""
-    blocks = [_block_params("config.vae", "encoder_blocks", b) for b in vae["encoder_blocks"]]
-    widths, width = [], LATENT_CHANNELS
-    for _, params in blocks[1::2]:
-        width *= int(params.get("multiplier", 1))
-        widths.append(width)
-    return dict(in_channels=3, out_channels=LATENT_CHANNELS, block_out_channels=tuple(widths),
-                down_block_types=("LTX2VideoDownBlock3D",) * 4, spatio_temporal_scaling=(True,) * 4,
-                layers_per_block=tuple(int(p["num_layers"]) for _, p in blocks[::2]),
-                downsample_type=tuple(DOWNSAMPLER_KINDS[n] for n, _ in blocks[1::2]), patch_size=vae["patch_size"],
-                patch_size_t=1, resnet_norm_eps=1e-6, is_causal=True,
-                spatial_padding_mode=vae.get("spatial_padding_mode", "zeros"))
-
-
 class ConvVideoVAE(torch.nn.Module):
     """LTX25_VIDEO_VAE of kind "conv": `decoder` (diffusers `LTX2VideoDecoder3d`) and the per-channel statistics
     `latents_mean`, `latents_std` `[128]` (from `per_channel_statistics.{mean,std}-of-means`), which the latent
@@ -183,41 +154,6 @@ class ConvVideoVAE(torch.nn.Module):
         return 12 * self.config.decoder_base_channels / self.config.patch_size ** 2 * itemsize + 24
 
 
-class PixelNormSiLU(torch.nn.Module):
-    """diffusers' `PerChannelRMSNorm` (x / √(mean_c x² + eps), in x's dtype, as the reference) followed by SiLU, as
-    one module so `torch.compile` emits one kernel instead of four full-size temporaries."""
-
-    def __init__(self, eps: float = 1e-8, compiled: bool = False) -> None:
-        super().__init__()
-        self.eps = eps
-        self._fn = torch.compile(self._norm_silu, dynamic=True) if compiled else self._norm_silu
-
-    def _norm_silu(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.silu(x / torch.sqrt(torch.mean(x * x, dim=1, keepdim=True) + self.eps))
-
-    def forward(self, x: torch.Tensor, channel_dim: int | None = None) -> torch.Tensor:
-        return self._fn(x)
-
-
-def optimize_decoder(vae: ConvVideoVAE, channels_last: bool = False, fuse_norm_act: bool = False,
-                     compile_norm_act: bool = False) -> ConvVideoVAE:
-    """Opt-in speed-ups, in place (the benchmark measures each against the plain decoder).
-
-    channels_last: NDHWC weights (cuDNN's fast layout for bf16 conv3d; inputs follow the weights).
-    fuse_norm_act: every norm→SiLU pair becomes one `PixelNormSiLU` and the separate SiLU an identity. Valid only
-    because the 2.5 decoder has no timestep scale/shift or noise between them (the config refuses both)."""
-    decoder = vae.decoder
-    if fuse_norm_act:
-        fused = PixelNormSiLU(1e-8, compiled=compile_norm_act)
-        for block in decoder.modules():
-            if block.__class__.__name__ == "LTX2VideoResnetBlock3d":
-                block.norm1, block.norm2, block.nonlinearity = fused, fused, torch.nn.Identity()
-        decoder.norm_out, decoder.conv_act = fused, torch.nn.Identity()
-    if channels_last:
-        decoder.to(memory_format=torch.channels_last_3d)
-    return vae
-
-
 def load_conv_vae(path: str, dtype: torch.dtype | None = None) -> ConvVideoVAE:
     """Native conv video VAE file → `ConvVideoVAE` (eval, no grad). Refuses a diffusion-VAE or other file by kind."""
     info = expect_kind(path, Kind.CONV_VAE)
@@ -237,7 +173,6 @@ def _cost(vae: ConvVideoVAE, batch: int) -> CostModel:
 
 
 READBACK_FRAMES = 8   # frames per piece when a shifted last tile's overlap comes back from host memory
-STREAM_TO_HOST = True  # finished frames leave through host_frames.DeviceToHost (bench/bench_conv_vae.py compares)
 
 
 def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest = TilingRequest(),
@@ -269,7 +204,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
     weights_t, weights_h, weights_w = plan.axis_weights()
     batch, (frames, height, width) = latent.shape[0], plan.pixel_shape
     meter, done = start_meter(device), 0
-    to_host = host_copier(device, STREAM_TO_HOST)
+    to_host = host_copier(device)
     with torch.inference_mode(), contextlib.ExitStack() as cleanup:
         cleanup.callback(to_host.finish)
         z = denormalize_video(latent, vae.latents_mean, vae.latents_std, device).to(dtype)
@@ -326,77 +261,3 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
         "estimate_bytes": plan.estimate_bytes, "memory_budget": memory_budget, "tile_batch": stack,
         "dtype": str(dtype).split(".")[-1]})
     return host.ready().view(batch * frames, height, width, 3), stats
-
-
-# ------------------------------------------------------------------------------------------------------ tiny file
-def _tiny_blocks(res: int, ups: tuple[tuple[str, int], ...]) -> list:
-    blocks: list = [["res_x", {"num_layers": res}]]
-    for name, multiplier in ups:
-        blocks += [[name, {"multiplier": multiplier}], ["res_x", {"num_layers": res}]]
-    return blocks
-
-
-# `config.vae` of the shipped ltx-2.5-video-vae-conv-bf16.safetensors (docs/MODEL.md §9.1: the 2.3 metadata, whose block
-# lists 2.5 keeps byte-identical; 2.5 says latent_log_var "constant"). The benchmark and the ladder test build it.
-SHIPPED_VAE_CONFIG = {
-    "_class_name": "CausalVideoAutoencoder", "dims": 3, "in_channels": 3, "out_channels": 3,
-    "latent_channels": LATENT_CHANNELS,
-    "encoder_blocks": [["res_x", {"num_layers": 4}], ["compress_space_res", {"multiplier": 2}],
-                       ["res_x", {"num_layers": 6}], ["compress_time_res", {"multiplier": 2}],
-                       ["res_x", {"num_layers": 4}], ["compress_all_res", {"multiplier": 2}],
-                       ["res_x", {"num_layers": 2}], ["compress_all_res", {"multiplier": 1}],
-                       ["res_x", {"num_layers": 2}]],
-    "decoder_blocks": [["res_x", {"num_layers": 4}], ["compress_space", {"multiplier": 2}],
-                       ["res_x", {"num_layers": 6}], ["compress_time", {"multiplier": 2}],
-                       ["res_x", {"num_layers": 4}], ["compress_all", {"multiplier": 1}],
-                       ["res_x", {"num_layers": 2}], ["compress_all", {"multiplier": 2}], ["res_x", {"num_layers": 2}]],
-    "scaling_factor": 1.0, "norm_layer": "pixel_norm", "patch_size": 4, "latent_log_var": "constant",
-    "use_quant_conv": False, "causal_decoder": False, "timestep_conditioning": False,
-    "normalize_latent_channels": False, "encoder_base_channels": 128, "decoder_base_channels": 128,
-    "spatial_padding_mode": "zeros",
-}
-
-# The shipped 2.5 layout (docs/MODEL.md §9) at tiny widths. The decoder keeps the nine-block list with 1 layer per stage
-# and base 8; the encoder keeps 128 wide (see `encoder_kwargs`) and saves size with empty res stages and ×1 multipliers.
-TINY_VAE_CONFIG = {
-    "_class_name": "CausalVideoAutoencoder", "dims": 3, "in_channels": 3, "out_channels": 3,
-    "latent_channels": LATENT_CHANNELS,
-    "encoder_blocks": _tiny_blocks(0, (("compress_space_res", 1), ("compress_time_res", 1), ("compress_all_res", 1),
-                                       ("compress_all_res", 1))),
-    "decoder_blocks": _tiny_blocks(1, (("compress_space", 2), ("compress_time", 2), ("compress_all", 1),
-                                       ("compress_all", 2))),
-    "scaling_factor": 1.0, "norm_layer": "pixel_norm", "patch_size": 4, "latent_log_var": "constant",
-    "use_quant_conv": False, "causal_decoder": False, "timestep_conditioning": False,
-    "normalize_latent_channels": False, "encoder_base_channels": LATENT_CHANNELS, "decoder_base_channels": 8,
-    "spatial_padding_mode": "zeros",
-}
-
-
-def _local_(module: torch.nn.Module, leak: float = 0.02) -> torch.nn.Module:
-    """Make the random tiny decoder local, like a trained one: each conv's centre tap gets unit gain (std
-    1/√C_in) and every off-centre tap `leak` times that. Plain random 3×3×3 kernels spread every latent cell over
-    the whole clip, which no tile overlap can hide; this keeps tile borders a ~1-cell effect, as in the real VAE."""
-    with torch.no_grad():
-        for m in module.modules():
-            if isinstance(m, torch.nn.Conv3d):
-                w = m.weight
-                w.mul_(1.0 / (w.std() * math.sqrt(w.shape[1])))
-                taps = torch.full(w.shape[2:], leak)
-                taps[tuple(k // 2 for k in w.shape[2:])] = 1.0
-                w.mul_(taps)
-    return module
-
-
-def write_tiny(path: str, seed: int = 0) -> str:
-    """A tiny conv VAE in the native format: `encoder.*`, `decoder.*`, `per_channel_statistics.*`, flat `config.vae`.
-    Latent channels 128 and 32×32×8 compression like the real file, so latent shapes match."""
-    config = ConvVAEConfig.from_metadata(path, {"config": {"vae": TINY_VAE_CONFIG}})
-    vae = _local_(tiny_common.randomize_(ConvVideoVAE(config), seed, "conv_vae"))
-    mean, std = tiny_common.latent_statistics(seed)
-    vae.latents_mean.copy_(mean)
-    vae.latents_std.copy_(std)
-    encoder = tiny_common.randomize_(LTX2VideoEncoder3d(**encoder_kwargs(TINY_VAE_CONFIG)), seed, "conv_vae_encoder")
-    tensors = KEY_MAP.to_native(vae.state_dict())
-    tensors |= ENCODER_KEY_MAP.to_native({f"encoder.{k}": v for k, v in encoder.state_dict().items()})
-    return tiny_common.save_native(path, tensors, {"config": {"vae": TINY_VAE_CONFIG},
-                                                   "model_version": tiny_common.MODEL_VERSION})

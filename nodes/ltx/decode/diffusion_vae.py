@@ -1,5 +1,4 @@
-"""The LTX-2.5 diffusion video VAE ("NADiffusionDecoder", docs/MODEL.md §10): config, key map, loading, tiled decode,
-tiny asset.
+"""The LTX-2.5 diffusion video VAE ("NADiffusionDecoder", docs/MODEL.md §10): config, key map, loading, tiled decode.
 
 The network is diffusers' `LTX2VideoDiffusionDecoderModel`, configured from `config.vae` of the file. We write
 only what diffusers lacks: the native key map, the neighborhood-attention processors (`na_attention`), the tile
@@ -28,7 +27,6 @@ from ..errors import LTX25Error
 from .host_frames import DeviceToHost, DirectCopy, HostFrames, host_copier
 from ..files.keymap import Drop, KeyMap, Rename, Split, load_strict
 from ..latents import denormalize_video
-from ...tools.tiny.common import MODEL_VERSION, TINY_DIMS, generator, latent_statistics, randomize_, save_native
 
 TILING_MODES = ("auto", "off", "manual")
 CLASS_NAME = "CausalDiffusionVAE"
@@ -445,47 +443,3 @@ class _Decode:
         x_t = tile_noise(self.seed, tile, batch, canvas_hw, context.device, context.dtype)
         return run_stage5(lambda x, s: decoder.forward_diffusion_step(context, x, s.expand(batch)), x_t, self.steps,
                           self.vae.config.model_output_type, self.scheduler, self.tick)
-
-
-# ---------------------------------------------------------------------------------------------- tiny asset
-TINY_DECODER = {
-    "in_channels": TINY_DIMS["latent_channels"], "out_channels": 3, "patch_size": 4, "head_dim": 16,
-    "stage_channels": [256, 128, 64, 64, 32], "stage_depths": [1, 1, 1, 1, 1],
-    # kernels of 3 keep the receptive field small, so the reference tiling rules (halo = depth·(k//2), overlap =
-    # halo rounded to the latent grid, floors) scale down to a few cells and tiled tests stay tiny
-    "stage_kernels": [[3, 3, 3]] * 5, "upsamples": [[[1, 2, 2], 2], [[2, 1, 1], 2], [[2, 2, 2], 1], [[2, 2, 2], 2]],
-    "stage5_kernel": [3, 3, 3], "timestep_scale_multiplier": 1000.0, "default_num_inference_steps": 1,
-    "resampler_kind": "linear", "spatial_padding_mode": "zeros",
-}
-TINY_ENCODER = {"in_channels": 3, "out_channels": TINY_DIMS["latent_channels"], "patch_size": 4, "dims": 3,
-                "norm_layer": "pixel_norm", "latent_log_var": "constant", "spatial_padding_mode": "zeros",
-                "blocks": [["res_x", {"num_layers": 1}], ["compress_all_res", {"multiplier": 2}],
-                           ["res_x", {"num_layers": 1}]]}
-
-
-def _tiny_encoder(seed: int) -> dict[str, torch.Tensor]:
-    """A stand-in for the bundled conv encoder (dropped on load): real key names, tiny shapes."""
-    g = generator(seed, "diffusion_vae.encoder")
-    shapes = {"encoder.conv_in.conv.weight": (16, 48, 3, 3, 3), "encoder.conv_in.conv.bias": (16,),
-              "encoder.down_blocks.0.res_blocks.0.conv1.conv.weight": (16, 16, 3, 3, 3),
-              "encoder.down_blocks.0.res_blocks.0.conv2.conv.weight": (16, 16, 3, 3, 3),
-              "encoder.down_blocks.1.conv.conv.weight": (4, 16, 3, 3, 3),
-              "encoder.conv_out.conv.weight": (TINY_DIMS["latent_channels"] + 1, 32, 3, 3, 3)}
-    return {k: torch.randn(s, generator=g) * 0.02 for k, s in shapes.items()}
-
-
-def write_tiny(path: str, seed: int) -> str:
-    """A tiny diffusion-VAE file in the exact native layout (fused qkv, `attn.proj`, `t_embedder.mlp`,
-    `type_emb`, bundled `encoder.*`, per-channel statistics, nested `config.vae` metadata)."""
-    metadata = {"config": {"vae": {"_class_name": CLASS_NAME, "encoder": TINY_ENCODER, "decoder": TINY_DECODER,
-                                   "model_output_type": "x0"}},
-                "model_version": MODEL_VERSION}
-    config = DiffusionVAEConfig.from_metadata(path, metadata)
-    model = randomize_(LTX2VideoDiffusionDecoderModel(**config.diffusers_kwargs()), seed, "diffusion_vae", 0.1)
-    state = {k: v for k, v in model.state_dict().items() if not k.startswith("latents_")}
-    tensors = KEY_MAP.to_native(state)
-    mean, std = latent_statistics(seed)
-    tensors["per_channel_statistics.mean-of-means"], tensors["per_channel_statistics.std-of-means"] = mean, std
-    tensors["decoder.type_emb"] = torch.randn(config.in_channels, generator=generator(seed, "diffusion_vae.type"))
-    tensors.update(_tiny_encoder(seed))
-    return save_native(path, tensors, metadata)

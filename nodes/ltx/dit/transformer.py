@@ -24,13 +24,13 @@ from typing import Any, Mapping, NamedTuple
 import torch
 from diffusers import LTX2VideoTransformer3DModel
 
-from ...tools.tiny import common as tiny_common
 from ..files.assets import Kind, expect_kind, read_state_dict
 from ..conditioning import Conditioning
 from .connector import (CONNECTOR_PREFIXES, CONNECTOR_RENAMES, REQUIRED, ConnectorConfig, LTX25Connectors,
                         config_field, positive_ints)
 from ..errors import LTX25Error
 from ..files.keymap import KeyMap, Rename, load_strict
+from ..release import MODEL_VERSION
 from .positions import (AUDIO_LATENT_DOWNSAMPLE, AUDIO_SAMPLE_RATE, MEL_HOP_LENGTH, VIDEO_SCALE,
                         audio_position_bounds, first_frame_keyframes_mask, patchify_audio, patchify_video,
                         unpatchify_audio, unpatchify_video, video_position_bounds)
@@ -64,8 +64,6 @@ SHIPPED_CONFIG: Mapping[str, Any] = {
     "connector_norm_output": True, "connector_apply_gated_attention": True,
     "ff_bias": False, "use_keyframes_abs_pos_embedding": True,  # the two 2.5 changes
 }
-SHIPPED_SCHEDULER = {"_class_name": "RectifiedFlowScheduler", "num_train_timesteps": 1000,
-                     "sampler": "LinearQuadratic", "shifting": None, "base_resolution": None}
 
 
 @dataclass(frozen=True)
@@ -202,7 +200,7 @@ class Grid(NamedTuple):
 class LTX25Transformer(torch.nn.Module):
     """`.dit` (LTX2VideoTransformer3DModel), `.connectors` (LTX25Connectors), `.config`, `.model_version`."""
 
-    def __init__(self, config: TransformerConfig, model_version: str = tiny_common.MODEL_VERSION) -> None:
+    def __init__(self, config: TransformerConfig, model_version: str = MODEL_VERSION) -> None:
         super().__init__()
         self.config, self.model_version = config, model_version
         self.dit = LTX2VideoTransformer3DModel(**config.diffusers_kwargs())
@@ -257,7 +255,7 @@ def load_transformer(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat1
     config = TransformerConfig.from_metadata(info.path, info.header.metadata)
     _require_connectors(info)
     native = read_state_dict(info.path, dtype)
-    return load_strict(info.path, lambda: LTX25Transformer(config, info.model_version or tiny_common.MODEL_VERSION),
+    return load_strict(info.path, lambda: LTX25Transformer(config, info.model_version or MODEL_VERSION),
                        native, KEY_MAP, dtype)
 
 
@@ -314,39 +312,3 @@ def x0_from_velocity(video: torch.Tensor, audio: torch.Tensor, v: torch.Tensor, 
     x0_video = video.to(device, torch.float32) - unpatchify_video(v, video.shape).float() * float(sigma)
     x0_audio = audio.to(device, torch.float32) - unpatchify_audio(a, audio.shape).float() * float(sigma)
     return x0_video.to(video.device), x0_audio.to(audio.device)
-
-
-# ------------------------------------------------------------------------------------------------ tiny asset
-def tiny_config_block() -> dict[str, Any]:
-    """The shipped `config.transformer` with tiny sizes (tiny_common.TINY_DIMS): 2 DiT and 2 connector layers;
-    the connector widths equal the cross-attention widths equal the text-feature widths."""
-    dims = tiny_common.TINY_DIMS
-    video_head, audio_head = dims["video_inner"] // dims["video_heads"], dims["audio_inner"] // dims["audio_heads"]
-    return {**SHIPPED_CONFIG, "num_layers": 2, "num_attention_heads": dims["video_heads"],
-            "attention_head_dim": video_head, "cross_attention_dim": dims["video_inner"],
-            "caption_channels": dims["text_hidden"], "audio_num_attention_heads": dims["audio_heads"],
-            "audio_attention_head_dim": audio_head, "audio_cross_attention_dim": dims["audio_inner"],
-            "in_channels": dims["latent_channels"], "out_channels": dims["latent_channels"],
-            "audio_in_channels": dims["audio_latent_channels"] * dims["audio_latent_bins"],
-            "audio_out_channels": dims["audio_latent_channels"] * dims["audio_latent_bins"],
-            "connector_num_layers": 2, "connector_num_attention_heads": dims["video_heads"],
-            "connector_attention_head_dim": video_head, "audio_connector_attention_head_dim": audio_head}
-
-
-def tiny_metadata(block: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Native transformer-file metadata around a `config.transformer` block (tiny by default)."""
-    return {"config": {"transformer": dict(block or tiny_config_block()), "scheduler": SHIPPED_SCHEDULER},
-            "model_version": tiny_common.MODEL_VERSION,
-            "gemma_source_checkpoint": {"gemma_version": tiny_common.GEMMA_VERSION}}
-
-
-TINY_WEIGHT_SCALE = 0.05  # large enough that each gotcha (AV gate, keyframe marker, …) moves the tiny output
-
-
-def write_tiny(path: str, seed: int = 0) -> str:
-    """The tiny transformer file in the exact native layout: `model.diffusion_model.*` DiT keys plus both
-    `…_embeddings_connector.*` blocks, bf16, with the native metadata (config, model_version, Gemma tag)."""
-    metadata = tiny_metadata()
-    config = TransformerConfig.from_metadata(path, metadata)
-    model = tiny_common.randomize_(LTX25Transformer(config), seed, "transformer", scale=TINY_WEIGHT_SCALE)
-    return tiny_common.save_native(path, KEY_MAP.to_native(model.state_dict()), metadata)

@@ -3,18 +3,16 @@ encodes (docs/MODEL.md §3.1): strip, no padding, truncate to 1024, prepend BOS 
 (Gemma 4's does not; Gemma 3's does), truncate again, LEFT-pad to exactly 1024. Attention mask 1 = valid.
 
 The tokenizer is rebuilt from the `tokenizer_json` bytes with `tokenizers.Tokenizer.from_buffer`; its special
-tokens come from the `hf_asset__tokenizer_config.json` sidecar. Also here: the small deterministic BPE (byte
-fallback) that the tiny text-encoder file carries.
+tokens come from the `hf_asset__tokenizer_config.json` sidecar.
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 from ..errors import LTX25Error
 
@@ -99,46 +97,3 @@ class GemmaTokenizer:
             dropped.append(cut)
         return TokenBatch(torch.tensor(rows, dtype=torch.int64), torch.tensor(masks, dtype=torch.int64),
                           tuple(dropped))
-
-
-# ---------------------------------------------------------------------------------------------------- tiny
-TINY_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>")  # ids 0, 1, 2, 3 as in Gemma
-_TINY_CORPUS = (
-    "A red fox runs through a snowy forest at dawn, the camera tracking low beside it.",
-    "The quick brown fox jumps over the lazy dog while the wind whistles in the trees.",
-    "A woman speaks softly in a quiet kitchen; rain taps on the window and a kettle hisses.",
-    "Close-up of waves breaking on black sand, slow motion, golden evening light.",
-    "A crowded street market at night with neon signs, music and people talking.",
-)
-TINY_TOKENIZER_CONFIG = {
-    "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
-    "padding_side": "left", "tokenizer_class": "GemmaTokenizer", "processor_class": "Gemma4UnifiedProcessor",
-    "model_max_length": 1000000000000000019884624838656,
-}
-
-
-def _sentencepiece_like(tokenizer: Tokenizer) -> Tokenizer:
-    # Gemma style: spaces become "▁" and stay attached to the following word.
-    tokenizer.normalizer = normalizers.Replace(" ", "▁")
-    tokenizer.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
-    return tokenizer
-
-
-def build_tiny_tokenizer(merges_vocab: int = 200) -> Tokenizer:
-    """A small real BPE with byte fallback (ids: 4 specials, 256 `<0xNN>` bytes, then learned pieces).
-
-    Deterministic: BPE training on a fixed corpus has a fixed merge order."""
-    learner = _sentencepiece_like(Tokenizer(models.BPE()))
-    alphabet = [chr(c) for c in range(33, 127)] + ["▁"]
-    learner.train_from_iterator(_TINY_CORPUS, trainers.BpeTrainer(
-        vocab_size=merges_vocab, initial_alphabet=alphabet, show_progress=False))
-    learned = json.loads(learner.to_str())["model"]
-    vocab = {token: i for i, token in enumerate(TINY_SPECIALS)}
-    vocab.update({f"<0x{b:02X}>": len(TINY_SPECIALS) + b for b in range(256)})
-    for token, _ in sorted(learned["vocab"].items(), key=lambda item: item[1]):
-        vocab.setdefault(token, len(vocab))
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in learned["merges"]]
-    tokenizer = _sentencepiece_like(Tokenizer(models.BPE(vocab, merges, byte_fallback=True, unk_token="<unk>")))
-    tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in TINY_SPECIALS])
-    return tokenizer

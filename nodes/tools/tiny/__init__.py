@@ -3,7 +3,7 @@
     python -m nodes.tools.tiny OUT_DIR [--seed N]
 
 Six files with the official names, tiny sizes and the exact native format; the pack's loaders load them exactly
-as they load the released files. Each component module owns its writer (`write_tiny(path, seed)`).
+as they load the released files. Each component has its writer module here (`write_tiny(path, seed)`).
 """
 from __future__ import annotations
 
@@ -13,24 +13,20 @@ import os
 import sys
 import time
 
-from .common import OFFICIAL_FILES
+from ...ltx.release import OFFICIAL_FILES
 
 
 def tiny_paths(out_dir: str) -> dict[str, str]:
     return {component: os.path.join(out_dir, folder, name) for component, (folder, name) in OFFICIAL_FILES.items()}
 
 
-# component → the module that holds its writer
-WRITERS = {"transformer": "nodes.ltx.dit.transformer", "text_encoder": "nodes.ltx.text.encoder",
-           "diffusion_vae": "nodes.ltx.decode.diffusion_vae", "conv_vae": "nodes.ltx.decode.conv_vae",
-           "audio_vae": "nodes.ltx.audio_vae", "upsampler": "nodes.ltx.upsampler"}
+# component → its writer module in this package (imported on use: each pulls in its engine module and diffusers)
+WRITERS = {component: f".{component}" for component in OFFICIAL_FILES}
 
 
 def write_tiny(component: str, path: str, seed: int = 0) -> str:
     """Write one tiny file (`component` as in OFFICIAL_FILES) to `path`."""
-    package_root = __package__.rsplit(".", 2)[0]  # "nodes", or the pack's package name inside ComfyUI
-    module = WRITERS[component].replace("nodes", package_root, 1)
-    return importlib.import_module(module).write_tiny(path, seed)
+    return importlib.import_module(WRITERS[component], __package__).write_tiny(path, seed)
 
 
 def write_tiny_set(out_dir: str, seed: int = 0) -> dict[str, str]:
@@ -53,7 +49,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{component:14s} {os.path.getsize(path) / 2**20:7.2f} MiB  {path}")
     print(f"tiny LTX-2.5 set: {total / 2**20:.1f} MiB in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,7 @@
-"""Shared facts for the tiny LTX-2.5 asset set: file names, version tags, cross-component dimensions, and the
-writer every component's `write_tiny` uses. The tiny files have the exact native format (names, nesting,
-metadata); only the sizes are small. Sizes that two files must agree on live here and nowhere else.
+"""Shared helpers of the tiny LTX-2.5 asset writers (one module per component here): the dimensions two files must
+agree on, the per-file random generators, the latent statistics both video VAEs share, and the native-format save.
+The tiny files have the exact native format (names, nesting, metadata); only the sizes are small. Sizes that two
+files must agree on live here and nowhere else.
 """
 from __future__ import annotations
 
@@ -10,19 +11,6 @@ from typing import Any, Mapping
 
 import torch
 from safetensors.torch import save_file
-
-MODEL_VERSION = "2.5.0"
-GEMMA_VERSION = "gemma4-12b-ltx-v1"
-
-# folder → official file name, per component writer (module name in nodes.ltx)
-OFFICIAL_FILES = {
-    "transformer": ("diffusion_models", "ltx-2.5-22b-distilled-transformer-bf16.safetensors"),
-    "text_encoder": ("text_encoders", "gemma4-12b-with-proj-ltx-2.5-bf16.safetensors"),
-    "diffusion_vae": ("vae", "ltx-2.5-video-vae-bf16.safetensors"),
-    "conv_vae": ("vae", "ltx-2.5-video-vae-conv-bf16.safetensors"),
-    "audio_vae": ("vae", "ltx-2.5-audio-vae-bf16.safetensors"),
-    "upsampler": ("latent_upscale_models", "ltx-2.5-latent-spatial-upscaler-x2-bf16-1.0.safetensors"),
-}
 
 # Dimensions shared across files (the real values in comments).
 TINY_DIMS = {

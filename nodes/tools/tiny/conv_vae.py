@@ -1,0 +1,103 @@
+"""The tiny conv video VAE file: the shipped 2.5 layout (docs/MODEL.md §9.1) at tiny widths, in the native format
+(`encoder.*`, `decoder.*`, `per_channel_statistics.*`, flat `config.vae`). Latent channels 128 and 32×32×8
+compression like the real file, so latent shapes match.
+
+Also the bundled conv encoder, which the pack never runs but both video-VAE files carry: `encoder_kwargs` builds
+diffusers' `LTX2VideoEncoder3d` from a native block list, `ENCODER_KEY_MAP` names its tensors as the files do.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+from diffusers.models.autoencoders.autoencoder_kl_ltx2 import LTX2VideoEncoder3d
+
+from ...ltx.decode.conv_vae import KEY_MAP, LATENT_CHANNELS, ConvVAEConfig, ConvVideoVAE
+from ...ltx.files.keymap import KeyMap, Rename
+from ...ltx.release import MODEL_VERSION
+from .common import latent_statistics, randomize_, save_native
+
+DOWNSAMPLER_KINDS = {"compress_all_res": "spatiotemporal", "compress_time_res": "temporal",
+                     "compress_space_res": "spatial"}
+# native flat `down_blocks.{0..8}` → diffusers' four down blocks (resnets, then downsampler) and mid block
+_ENCODER_MODULES = ("down_blocks.0", "down_blocks.0.downsamplers.0", "down_blocks.1", "down_blocks.1.downsamplers.0",
+                    "down_blocks.2", "down_blocks.2.downsamplers.0", "down_blocks.3", "down_blocks.3.downsamplers.0",
+                    "mid_block")
+ENCODER_KEY_MAP = KeyMap("conv video VAE encoder (tiny writer)", renames=tuple(
+    Rename(f"encoder.down_blocks.{i}.res_blocks", f"encoder.{module}.resnets") if i % 2 == 0
+    else Rename(f"encoder.down_blocks.{i}.conv", f"encoder.{module}.conv")
+    for i, module in enumerate(_ENCODER_MODULES)))
+
+
+def encoder_kwargs(vae: Mapping[str, Any]) -> dict[str, Any]:
+    """`LTX2VideoEncoder3d` arguments from a native `config.vae` (`encoder_blocks`: nine [name, params] pairs,
+    `patch_size`, `spatial_padding_mode`). diffusers' encoder widens to `latent_channels` in conv_in, so its base
+    width is 128 (the native `encoder_base_channels`)."""
+    blocks = [(name, dict(params)) for name, params in vae["encoder_blocks"]]
+    widths, width = [], LATENT_CHANNELS
+    for _, params in blocks[1::2]:
+        width *= int(params.get("multiplier", 1))
+        widths.append(width)
+    return dict(in_channels=3, out_channels=LATENT_CHANNELS, block_out_channels=tuple(widths),
+                down_block_types=("LTX2VideoDownBlock3D",) * 4, spatio_temporal_scaling=(True,) * 4,
+                layers_per_block=tuple(int(p["num_layers"]) for _, p in blocks[::2]),
+                downsample_type=tuple(DOWNSAMPLER_KINDS[n] for n, _ in blocks[1::2]), patch_size=vae["patch_size"],
+                patch_size_t=1, resnet_norm_eps=1e-6, is_causal=True,
+                spatial_padding_mode=vae.get("spatial_padding_mode", "zeros"))
+
+
+def encoder_tensors(vae: Mapping[str, Any], seed: int, salt: str) -> dict[str, torch.Tensor]:
+    """The bundled encoder's native `encoder.*` tensors for `vae` (as in `encoder_kwargs`), randomly weighted."""
+    encoder = randomize_(LTX2VideoEncoder3d(**encoder_kwargs(vae)), seed, salt)
+    return ENCODER_KEY_MAP.to_native({f"encoder.{k}": v for k, v in encoder.state_dict().items()})
+
+
+def _tiny_blocks(res: int, ups: tuple[tuple[str, int], ...]) -> list:
+    blocks: list = [["res_x", {"num_layers": res}]]
+    for name, multiplier in ups:
+        blocks += [[name, {"multiplier": multiplier}], ["res_x", {"num_layers": res}]]
+    return blocks
+
+
+# The shipped 2.5 layout at tiny widths. The decoder keeps the nine-block list with 1 layer per stage and base 8; the
+# encoder keeps 128 wide (see `encoder_kwargs`) and saves size with empty res stages and ×1 multipliers.
+TINY_VAE_CONFIG = {
+    "_class_name": "CausalVideoAutoencoder", "dims": 3, "in_channels": 3, "out_channels": 3,
+    "latent_channels": LATENT_CHANNELS,
+    "encoder_blocks": _tiny_blocks(0, (("compress_space_res", 1), ("compress_time_res", 1), ("compress_all_res", 1),
+                                       ("compress_all_res", 1))),
+    "decoder_blocks": _tiny_blocks(1, (("compress_space", 2), ("compress_time", 2), ("compress_all", 1),
+                                       ("compress_all", 2))),
+    "scaling_factor": 1.0, "norm_layer": "pixel_norm", "patch_size": 4, "latent_log_var": "constant",
+    "use_quant_conv": False, "causal_decoder": False, "timestep_conditioning": False,
+    "normalize_latent_channels": False, "encoder_base_channels": LATENT_CHANNELS, "decoder_base_channels": 8,
+    "spatial_padding_mode": "zeros",
+}
+
+
+def _local_(module: torch.nn.Module, leak: float = 0.02) -> torch.nn.Module:
+    """Make the random tiny decoder local, like a trained one: each conv's centre tap gets unit gain (std
+    1/√C_in) and every off-centre tap `leak` times that. Plain random 3×3×3 kernels spread every latent cell over
+    the whole clip, which no tile overlap can hide; this keeps tile borders a ~1-cell effect, as in the real VAE."""
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, torch.nn.Conv3d):
+                w = m.weight
+                w.mul_(1.0 / (w.std() * math.sqrt(w.shape[1])))
+                taps = torch.full(w.shape[2:], leak)
+                taps[tuple(k // 2 for k in w.shape[2:])] = 1.0
+                w.mul_(taps)
+    return module
+
+
+def write_tiny(path: str, seed: int = 0) -> str:
+    """The tiny conv VAE file, written to `path`."""
+    config = ConvVAEConfig.from_metadata(path, {"config": {"vae": TINY_VAE_CONFIG}})
+    vae = _local_(randomize_(ConvVideoVAE(config), seed, "conv_vae"))
+    mean, std = latent_statistics(seed)
+    vae.latents_mean.copy_(mean)
+    vae.latents_std.copy_(std)
+    tensors = KEY_MAP.to_native(vae.state_dict())
+    tensors |= encoder_tensors(TINY_VAE_CONFIG, seed, "conv_vae_encoder")
+    return save_native(path, tensors, {"config": {"vae": TINY_VAE_CONFIG}, "model_version": MODEL_VERSION})
