@@ -278,11 +278,19 @@ def test_sampler_node_interrupt_mid_run(fake_loaded, monkeypatch):
     assert fake_loaded.module.calls == 2 and emptied
 
 
-def test_sampler_node_requires_frame_rate(fake_loaded):
-    """A video LATENT without frame_rate is refused with a message naming the input."""
+def test_sampler_node_takes_its_frame_rate_input_for_a_latent_without_one(fake_loaded):
+    """A video LATENT without frame_rate (core ComfyUI's empty LTXV latents) is sampled at the node's frame_rate
+    input, which the outputs then carry; a rate that does not fit the audio latent's length is refused naming the
+    audio input; a non-positive rate is refused naming the video input."""
     video, audio = node_inputs()
+    bare = {"samples": video["samples"]}
+    out_v, out_a = LTX25DistilledSampler().sample(fake_loaded, None, bare, audio, 1, "1", "auto", frame_rate=24.0)
+    assert out_v["frame_rate"] == out_a["frame_rate"] == 24.0 and fake_loaded.module.calls == 8
+    with pytest.raises(LTX25Error) as info:
+        LTX25DistilledSampler().sample(fake_loaded, None, bare, audio, 1, "1", "auto", frame_rate=12.0)
+    assert info.value.where == "LTX25DistilledSampler.audio_latent"
     with pytest.raises(LTX25Error, match="frame_rate"):
-        LTX25DistilledSampler().sample(fake_loaded, None, {"samples": video["samples"]}, audio, 1, "1", "auto", 1.0)
+        LTX25DistilledSampler().sample(fake_loaded, None, bare, audio, 1, "1", "auto", frame_rate=0.0)
 
 
 # ---------------------------------------------------------------------------------------------------- tiny models

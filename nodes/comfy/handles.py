@@ -57,11 +57,13 @@ class Loaded:
 
 def latent_for_decoder(node: str, video_vae: Loaded, latent, kind: str, file: str, other_node: str) -> torch.Tensor:
     """The `[B, 128, F', H', W']` samples of a decode node's `latent` input, after checking that `video_vae` is the
-    `kind` decoder (from `file`); the other kind is pointed to `other_node`, which decodes it."""
-    from ..ltx.latents import check_video_latent
+    `kind` decoder (from `file`); the other kind is pointed to `other_node`, which decodes it. Core ComfyUI's joint
+    audio+video latent gives its video stream, as core's own VAE Decode takes it."""
+    from ..ltx.latents import VIDEO_STREAM, check_video_latent, unbind_av
     found = getattr(video_vae.module, "kind", None)
     if found != kind:
         raise LTX25Error(f"{node}.video_vae", "the connected video VAE", f"a {found or 'non-LTX'} VAE "
                          f"({video_vae.info.name})", f"the {kind} VAE ({file})",
                          f"Decode it with the {other_node} node, or load the {kind} VAE here.")
-    return check_video_latent(latent.get("samples") if isinstance(latent, dict) else latent, f"{node}.latent")
+    samples = unbind_av(latent.get("samples") if isinstance(latent, dict) else latent, VIDEO_STREAM, f"{node}.latent")
+    return check_video_latent(samples, f"{node}.latent")

@@ -11,6 +11,7 @@ from ..ltx.errors import LTX25Error
 
 CATEGORY = "LTX-2.5/sampling"
 MAX_SEED = 0xFFFFFFFFFFFFFFFF
+DEFAULT_FRAME_RATE = 24.0  # LTX-2.5 Empty Latent's default fps
 LATENT_PAIR_TOOLTIPS = ("Video latent [B,128,F',H/32,W/32] (normalized), with its frame_rate.",
                         "Audio latent [B,8,T,16], with its frame_rate.")
 ACCELERATION_TOOLTIP = (
@@ -52,14 +53,16 @@ class LTX25EmptyLatent:
                               "tooltip": "Frame rate; sets the audio length and the model's time positions."}),
             "batch": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip": "Clips per batch."}),
             "two_stage": ("BOOLEAN", {"default": True, "tooltip": "On: stage 1 at half size, then Latent Upsample "
-                                      "and stage 2 at width×height. Off: one stage at width×height."}),
+                                      "and stage 2 at width×height. Off: one stage at width×height; bypass Latent "
+                                      "Upsample and stage 2, which refuses a full-size latent."}),
         }}
 
     def make(self, width: int, height: int, frames: int, fps: float, batch: int, two_stage: bool):
         import torch
         video_shape, audio_shape = latents.empty_latent_shapes(width, height, frames, fps, batch, two_stage)
         device = bridge.intermediate_device()
-        return ({"samples": torch.zeros(video_shape, device=device), "frame_rate": fps},
+        return ({"samples": torch.zeros(video_shape, device=device), "frame_rate": fps,
+                 latents.HALF_SIZE_KEY: bool(two_stage)},
                 {"samples": torch.zeros(audio_shape, device=device), "type": "audio", "frame_rate": fps})
 
 
@@ -84,19 +87,22 @@ class LTX25DistilledSampler:
                                    "3 Euler steps (after Latent Upsample)."}),
             "sampler": (list(sampling.SAMPLERS), {"default": "auto", "tooltip": "auto: Euler-ancestral for stage 1 "
                         "of LTX-2.5, Euler otherwise."}),
-            "cfg": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 30.0, "step": 0.1,
-                              "tooltip": "Must stay 1.0: distilled models take no CFG."}),
             "acceleration": (list(ACCELERATIONS), {"default": "auto", "tooltip": ACCELERATION_TOOLTIP}),
         }, "optional": {
             "sigmas": ("STRING", {"default": "", "tooltip": "Custom schedule, e.g. '1.0, 0.9, 0.5, 0.0' (decreasing, "
                                   "≤ 1, ending at 0). Blank: the distilled schedule of the stage."}),
+            "frame_rate": ("FLOAT", {"default": DEFAULT_FRAME_RATE, "min": 1.0, "max": 120.0, "step": 0.01,
+                                     "tooltip": "Only for latents that carry no frame rate (core ComfyUI's Empty LTXV "
+                                     "latents): the fps of the clip. LTX-2.5 Empty Latent's fps always wins."}),
         }}
 
-    def sample(self, model, conditioning, video_latent, audio_latent, seed, stage, sampler, cfg, sigmas="",
-               acceleration="auto"):
+    # cfg is no widget (distilled models take no guidance); a script or an older API prompt may still pass 1.0.
+    def sample(self, model, conditioning, video_latent, audio_latent, seed, stage, sampler, cfg=1.0, sigmas="",
+               acceleration="auto", frame_rate=DEFAULT_FRAME_RATE):
         sampling.check_cfg(cfg, model.info.name, "LTX25DistilledSampler.cfg")
-        fps = latents.frame_rate(video_latent, "LTX25DistilledSampler.video_latent")
-        video, audio = video_latent["samples"], audio_latent["samples"]
+        fps = latents.frame_rate(video_latent, "LTX25DistilledSampler.video_latent", default=frame_rate)
+        video = latents.unbind_av(video_latent["samples"], latents.VIDEO_STREAM, "LTX25DistilledSampler.video_latent")
+        audio = latents.unbind_av(audio_latent["samples"], latents.AUDIO_STREAM, "LTX25DistilledSampler.audio_latent")
         latents.check_latent_pair(video, audio, fps, "LTX25DistilledSampler")
         _check_prompt_count(conditioning, video.shape[0])
         schedule = sampling.parse_sigmas(sigmas or "", "LTX25DistilledSampler.sigmas") or \
@@ -109,7 +115,8 @@ class LTX25DistilledSampler:
                 output_device=bridge.intermediate_device(), acceleration=acceleration)
         finally:
             bridge.empty_cache()  # the step activations; also on interrupt, so nothing is left half-used
-        return ({**video_latent, "samples": video}, {**audio_latent, "samples": audio, "type": "audio"})
+        return ({**video_latent, "samples": video, "frame_rate": fps},
+                {**audio_latent, "samples": audio, "type": "audio", "frame_rate": fps})
 
 
 class LTX25LatentUpsample:
@@ -130,14 +137,15 @@ class LTX25LatentUpsample:
         }}
 
     def upsample(self, upsampler, video_vae, video_latent):
-        latent = video_latent["samples"]
+        latents.check_upsample_wanted(video_latent, "LTX25LatentUpsample.video_latent")
+        latent = latents.unbind_av(video_latent["samples"], latents.VIDEO_STREAM, "LTX25LatentUpsample.video_latent")
         mean, std = ltx_upsampler.latent_statistics(video_vae.module, "LTX25LatentUpsample.video_vae")
         module = upsampler.ready(ltx_upsampler.upsample_memory_bytes(upsampler.module, latent.shape))
         try:
             out = ltx_upsampler.upsample_latent(module, latent, mean, std, output_device=bridge.intermediate_device())
         finally:
             bridge.empty_cache()
-        return ({**video_latent, "samples": out},)
+        return ({**video_latent, "samples": out, latents.HALF_SIZE_KEY: False},)
 
 
 NODE_CLASS_MAPPINGS = {c.__name__: c for c in (LTX25EmptyLatent, LTX25DistilledSampler, LTX25LatentUpsample)}

@@ -106,15 +106,48 @@ def check_latent_pair(video: torch.Tensor, audio: torch.Tensor, fps: float, wher
                          "The audio and video latents belong to different clips or frame rates.")
 
 
-def frame_rate(latent: Mapping, where: str) -> float:
-    """The `frame_rate` LTX-2.5 Empty Latent stores in a LATENT dict (the DiT's time positions are in seconds)."""
-    fps = latent.get("frame_rate")
+def frame_rate(latent: Mapping, where: str, default: float | None = None) -> float:
+    """The `frame_rate` LTX-2.5 Empty Latent stores in a LATENT dict (the DiT's time positions are in seconds), else
+    `default`: core ComfyUI's empty LTXV latents carry none (core keeps the rate on its conditioning)."""
+    fps = latent.get("frame_rate", default)
     if fps is None:
         raise LTX25Error(where, "the latent's 'frame_rate'", "missing", "the fps stored by LTX-2.5 Empty Latent",
                          "Start from LTX-2.5 Empty Latent: the model needs the frame rate of the clip.")
     if not float(fps) > 0:
         raise LTX25Error(where, "the latent's 'frame_rate'", fps, "a frame rate > 0")
     return float(fps)
+
+
+VIDEO_STREAM, AUDIO_STREAM = 0, 1  # the order of core ComfyUI's joint audio+video latent
+
+
+def unbind_av(samples: object, stream: int, where: str) -> object:
+    """One stream of core ComfyUI's joint audio+video latent (a `NestedTensor` of [video, audio], as its Concat AV
+    Latent node and its sampler make), unbound as core's own decoders do; any other `samples` is returned as is.
+    Recognized by its `is_nested` flag and `unbind()`: the engine never imports ComfyUI."""
+    if isinstance(samples, torch.Tensor) or not getattr(samples, "is_nested", False):
+        return samples
+    streams = list(samples.unbind())
+    if len(streams) != 2:
+        raise LTX25Error(where, "the nested latent's streams", len(streams), "2 (video, audio)",
+                         "Split it with core's Separate AV Latent node and connect each stream on its own.")
+    return streams[stream]
+
+
+# Set by LTX-2.5 Empty Latent: True while the video latent is the half-size stage-1 latent that Latent Upsample
+# still has to double; False once it is at the final size (two_stage off, or already upsampled).
+HALF_SIZE_KEY = "ltx25_half_size"
+
+
+def check_upsample_wanted(latent: Mapping, where: str) -> None:
+    """Refuse to upsample a latent its Empty Latent already made full size: the output would be twice the size the
+    graph asks for. Latents from elsewhere carry no mark and are not checked."""
+    if latent.get(HALF_SIZE_KEY) is False:
+        raise LTX25Error(where, "the video latent", "already at the final width×height (two_stage is off in "
+                         "LTX-2.5 Empty Latent, or the latent was upsampled before)",
+                         "the half-size stage-1 latent of a two_stage Empty Latent",
+                         "Turn two_stage on in LTX-2.5 Empty Latent, or bypass this node and the stage-2 sampler "
+                         "(Ctrl+B) to sample one stage at width×height.")
 
 
 def check_video_latent(samples: object, where: str) -> torch.Tensor:

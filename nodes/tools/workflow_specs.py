@@ -95,6 +95,13 @@ WORKFLOWS: dict[str, dict[str, Any]] = {
     },
 }
 
+# Every template is two-stage: with two_stage off, Latent Upsample refuses the full-size latent instead of doubling
+# the output, and the note on the Empty Latent says what to bypass.
+TWO_STAGE_NOTE = ("two_stage off (one stage at width×height): also bypass 'Upsample x2' and 'Stage 2' (Ctrl+B); the "
+                  "upsampler refuses a full-size latent rather than doubling the output.")
+for _workflow in WORKFLOWS.values():
+    _workflow["notes"].setdefault(5, TWO_STAGE_NOTE)
+
 MODEL_FOLDERS = {FILES[c]: folder for c, (folder, _name) in OFFICIAL_FILES.items()}
 
 
