@@ -136,7 +136,7 @@ class AssetInfo:
     model_version: str | None
     gemma_version: str | None       # transformer: gemma_source_checkpoint; text encoder: gemma_config
     dtypes: Mapping[str, int]        # dtype tag → tensor count
-    quantization: str | None        # None, "fp8" or "nvfp4"
+    quantization: str | None        # None, "fp8", "nvfp4" or "int8"
     header: Header
 
     @property
@@ -215,14 +215,15 @@ def check_gemma_pairing(transformer: AssetInfo, text_encoder: AssetInfo) -> None
 
 
 def read_state_dict(path: str | os.PathLike, dtype: torch.dtype | None = None,
-                    prefixes: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
-    """Load tensors (only keys starting with one of `prefixes`, when given), FP8/NVFP4 dequantized to `dtype`
-    (bfloat16 when None). Non-quantized tensors keep their stored dtype; `load_strict` casts them."""
+                    prefixes: tuple[str, ...] = (), keep_quantized: bool = False) -> dict[str, torch.Tensor]:
+    """Load tensors (only keys starting with one of `prefixes`, when given), quantized weights (NVFP4, FP8, int8)
+    dequantized to `dtype` (bfloat16 when None) unless `keep_quantized`. Non-quantized tensors keep their stored
+    dtype; `load_strict` casts them."""
     path = os.fspath(path)
     info = inspect_asset(path)
     with safe_open(path, framework="pt") as f:
         keys = [k for k in f.keys() if not prefixes or k.startswith(prefixes)]
         state = {k: f.get_tensor(k) for k in keys}
-    if info.quantization:
-        state = quant.dequantize_state_dict(path, state, dtype or torch.bfloat16)
+    if info.quantization and not keep_quantized:
+        state = quant.dequantize_state_dict(path, state, dtype or torch.bfloat16, info.header.metadata)
     return state
