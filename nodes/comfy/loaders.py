@@ -13,7 +13,8 @@ from ..ltx.errors import LTX25Error
 from ..ltx.files.assets import Kind, expect_kind, inspect_asset
 
 CATEGORY = "LTX-2.5/loaders"
-WEIGHT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+AS_STORED = "as stored"  # None to the engine: quantized weights (NVFP4, FP8, int8) stay quantized, the rest bf16
+WEIGHT_DTYPES = {AS_STORED: None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def _file_input(folder: str, tooltip: str, *kinds: Kind) -> tuple:
@@ -53,8 +54,13 @@ def _header_kind(path: str, mtime_ns: int, size: int) -> Kind | None:
         return None
 
 
-def _dtype_input() -> tuple:
-    return (list(WEIGHT_DTYPES), {"default": "bf16", "tooltip": "Weight dtype; FP8/NVFP4 files are dequantized to it."})
+def _dtype_input(as_stored: bool = False) -> tuple:
+    """`as_stored` for the components released quantized (transformer, text encoder): 'as stored' first and the
+    default. The others are released in bf16 only and keep bf16 as their default."""
+    if as_stored:
+        return (list(WEIGHT_DTYPES), {"default": AS_STORED, "tooltip": "'as stored' keeps NVFP4/FP8/int8 weights "
+                                      "quantized on the GPU (less memory); a dtype dequantizes the whole file to it."})
+    return ([d for d in WEIGHT_DTYPES if d != AS_STORED], {"default": "bf16", "tooltip": "Weight dtype."})
 
 
 class LTX25TransformerLoader:
@@ -69,7 +75,7 @@ class LTX25TransformerLoader:
         return {"required": {
             "transformer_file": _file_input("diffusion_models", "ltx-2.5-22b-distilled-transformer-bf16.safetensors",
                                             Kind.TRANSFORMER),
-            "weight_dtype": _dtype_input()}}
+            "weight_dtype": _dtype_input(as_stored=True)}}
 
     def load(self, transformer_file: str, weight_dtype: str):
         from ..ltx.dit.accelerated_denoise import release
@@ -92,7 +98,7 @@ class LTX25TextEncoderLoader:
         return {"required": {
             "text_encoder_file": _file_input("text_encoders", "gemma4-12b-with-proj-ltx-2.5-bf16.safetensors",
                                              Kind.TEXT_ENCODER),
-            "weight_dtype": _dtype_input()}}
+            "weight_dtype": _dtype_input(as_stored=True)}}
 
     def load(self, text_encoder_file: str, weight_dtype: str):
         from ..ltx.text.encoder import TextEncoderSpec

@@ -30,6 +30,7 @@ from .connector import (CONNECTOR_PREFIXES, CONNECTOR_RENAMES, REQUIRED, Connect
                         config_field, positive_ints)
 from ..errors import LTX25Error
 from ..files.keymap import KeyMap, Rename, load_strict
+from ..kernels.quantized_linear import load_keeping_quantized
 from ..release import MODEL_VERSION
 from .positions import (AUDIO_LATENT_DOWNSAMPLE, AUDIO_SAMPLE_RATE, MEL_HOP_LENGTH, VIDEO_SCALE,
                         audio_position_bounds, first_frame_keyframes_mask, patchify_audio, patchify_video,
@@ -249,14 +250,18 @@ def _require_connectors(info) -> None:
                      "Half of the connector pair is missing: the file is damaged or a partial repack; re-download it.")
 
 
-def load_transformer(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> LTX25Transformer:
-    """Inspect → parse config → read (FP8/NVFP4 dequantized) → strict load. The whole file in `dtype`."""
+def load_transformer(path: str | os.PathLike, dtype: torch.dtype | None = torch.bfloat16) -> LTX25Transformer:
+    """Inspect → parse config → read → strict load. A float `dtype`: the whole file in it, quantized weights
+    dequantized. None ('as stored'): quantized Linears stay quantized on the device (QuantizedLinear), the rest bf16."""
     info = expect_kind(path, Kind.TRANSFORMER)
     config = TransformerConfig.from_metadata(info.path, info.header.metadata)
     _require_connectors(info)
-    native = read_state_dict(info.path, dtype)
-    return load_strict(info.path, lambda: LTX25Transformer(config, info.model_version or MODEL_VERSION),
-                       native, KEY_MAP, dtype)
+    build = lambda: LTX25Transformer(config, info.model_version or MODEL_VERSION)  # noqa: E731
+    if dtype is None:
+        # denoise reads proj_in's weight for the compute device and dtype: it stays a float Linear.
+        return load_keeping_quantized(info.path, build, read_state_dict(info.path, keep_quantized=True),
+                                      info.header.metadata, KEY_MAP, keep_float=("dit.proj_in",))
+    return load_strict(info.path, build, read_state_dict(info.path, dtype), KEY_MAP, dtype)
 
 
 def check_denoise_inputs(config: TransformerConfig, video: torch.Tensor, audio: torch.Tensor, cond: Conditioning) -> None:

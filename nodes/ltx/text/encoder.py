@@ -30,6 +30,7 @@ from ..conditioning import TextFeatures
 from ..errors import LTX25Error
 from .tokenizer import MAX_TOKENS, GemmaTokenizer
 from ..files.keymap import Drop, KeyMap, Rename, load_strict
+from ..kernels.quantized_linear import load_keeping_quantized
 from .projection import TextProjection
 
 PROJECTION = "text_embedding_projection."
@@ -59,7 +60,7 @@ class TextEncoderSpec:
     `config` is the HF `Gemma4UnifiedConfig` from the file's `gemma_config`; `video_dim`/`audio_dim` are the
     projection widths read from the tensor shapes (4096/2048; tiny 64/32)."""
     info: AssetInfo
-    dtype: torch.dtype
+    dtype: torch.dtype | None  # None: 'as stored' (quantized layers stay quantized, the rest bf16)
     config: gemma_config.Gemma4UnifiedConfig = field(compare=False, repr=False)
     tokenizer: GemmaTokenizer = field(compare=False, repr=False)
     video_dim: int
@@ -79,7 +80,7 @@ class TextEncoderSpec:
         return self.text_config.num_hidden_layers + 1
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> "TextEncoderSpec":
+    def from_file(cls, path: str | os.PathLike, dtype: torch.dtype | None = torch.bfloat16) -> "TextEncoderSpec":
         info = assets.expect_kind(path, Kind.TEXT_ENCODER)
         config = parse_gemma_config(info.path, info.header.metadata.get("gemma_config"))
         hidden, n_states = config.text_config.hidden_size, config.text_config.num_hidden_layers + 1
@@ -178,15 +179,19 @@ def init_buffers(module: TextEncoderModule) -> None:
 
 
 def load_text_encoder(spec: TextEncoderSpec) -> TextEncoderModule:
-    """Read the weights and build the module strictly (every used key filled, every other key on the drop list)."""
-    native = assets.read_state_dict(spec.path, spec.dtype)
+    """Read the weights and build the module strictly (every used key filled, every other key on the drop list).
+    `spec.dtype` None ('as stored'): quantized Linears stay quantized (QuantizedLinear), the rest bf16."""
     build = lambda: TextEncoderModule(spec.config, spec.video_dim, spec.audio_dim)  # noqa: E731
+    if spec.dtype is None:
+        native = assets.read_state_dict(spec.path, keep_quantized=True)
+        return load_keeping_quantized(spec.path, build, native, spec.info.header.metadata, KEY_MAP, init_buffers)
+    native = assets.read_state_dict(spec.path, spec.dtype)
     return load_strict(spec.path, build, native, KEY_MAP, spec.dtype, init_buffers)
 
 
 def memory_required(spec: TextEncoderSpec, batch: int) -> int:
     """Activation bytes for one batched encode: ~3 copies of the [B, T, D, L] stack + the MLP intermediates."""
-    text, elem = spec.text_config, torch.finfo(spec.dtype).bits // 8
+    text, elem = spec.text_config, torch.finfo(spec.dtype or torch.bfloat16).bits // 8  # None: as stored, bf16
     return batch * MAX_TOKENS * (3 * text.hidden_size * spec.num_states + 4 * text.intermediate_size) * elem
 
 
