@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nodes.ltx import latents
+from nodes.ltx import geometry, latents
 from nodes.ltx.errors import LTX25Error
 from nodes.comfy.sampling import LTX25EmptyLatent
 
@@ -12,15 +12,23 @@ from nodes.comfy.sampling import LTX25EmptyLatent
 def test_reference_example_shapes():
     """768×512, 121 frames, 24 fps → stage-1 [1,128,16,8,12], stage-2 [1,128,16,16,24], audio [1,8,126,16]
     (the §6 example); a wrong compression factor or frame formula breaks it."""
-    assert latents.video_latent_shape(384, 256, 121, 1) == (1, 128, 16, 8, 12)
-    assert latents.video_latent_shape(768, 512, 121, 1) == (1, 128, 16, 16, 24)
-    assert latents.audio_latent_shape(121, 24.0, 1) == (1, 8, 126, 16)
+    assert geometry.video_latent_shape(384, 256, 121, 1) == (1, 128, 16, 8, 12)
+    assert geometry.video_latent_shape(768, 512, 121, 1) == (1, 128, 16, 16, 24)
+    assert geometry.audio_latent_shape(121, 24.0, 1) == (1, 8, 126, 16)
+
+
+def test_pixel_and_latent_frames_are_inverse_on_the_causal_grid():
+    """F = 8(F'−1)+1 both ways: 1 latent frame is 1 pixel frame, 16 are 121. A grid without the causal first
+    frame (8F') is off by seven frames everywhere."""
+    assert [geometry.pixel_frames(n) for n in (1, 2, 16)] == [1, 9, 121]
+    assert all(geometry.latent_frames(geometry.pixel_frames(n)) == n for n in range(1, 40))
+    assert geometry.pixel_shape((16, 16, 24)) == (121, 512, 768)
 
 
 def test_audio_length_rounds_instead_of_ceiling():
     """T = round(F/fps·25): 9 frames at 24 fps is 9.375 → 9 (ceil would give 10, off by one latent of audio)."""
-    assert latents.audio_latent_frames(9, 24.0) == 9
-    assert latents.audio_latent_frames(17, 24.0) == 18  # 17.708 rounds up
+    assert geometry.audio_latent_frames(9, 24.0) == 9
+    assert geometry.audio_latent_frames(17, 24.0) == 18  # 17.708 rounds up
 
 
 def test_two_stage_empty_latent_is_half_size():

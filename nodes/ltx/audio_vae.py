@@ -22,9 +22,11 @@ from diffusers.pipelines.ltx2.vocoder import LTX2VocoderWithBWE, UpSample1d
 from .files.assets import Kind, expect_kind, read_state_dict
 from .errors import LTX25Error
 from .files.keymap import Drop, KeyMap, Rename, load_strict
+from .geometry import (AUDIO_BINS, AUDIO_CHANNELS, AUDIO_LATENTS_PER_SECOND, TEMPORAL_COMPRESSION,
+                       audio_latent_frames, pixel_frames)
 
 log = logging.getLogger("ltx25")
-LATENT_CHANNELS, LATENT_BINS = 8, 16
+LATENT_CHANNELS, LATENT_BINS = AUDIO_CHANNELS, AUDIO_BINS
 
 # Vocoder renames are anchored per generator: `conv_in`/`conv_out` are also audio-decoder names, so an unanchored
 # `conv_pre → conv_in` row would turn the decoder's keys into vocoder names when the writer runs the map backwards.
@@ -211,9 +213,9 @@ def check_audio_latent(samples: object, where: str) -> torch.Tensor:
 
 def video_frames_for(latent_frames: int, fps: float) -> int | None:
     """The 8k+1 video frame count F whose audio latent has `latent_frames` = round(F/fps·25) frames, or None."""
-    k = max(0, round((latent_frames * fps / 25 - 1) / 8))
-    for frames in (8 * k + 1, 8 * k - 7, 8 * k + 9):
-        if frames >= 1 and round(frames / fps * 25) == latent_frames:
+    k = max(0, round((latent_frames * fps / AUDIO_LATENTS_PER_SECOND - 1) / TEMPORAL_COMPRESSION))
+    for frames in (pixel_frames(k + 1), pixel_frames(k), pixel_frames(k + 2)):
+        if frames >= 1 and audio_latent_frames(frames, fps) == latent_frames:
             return frames
     return None
 

@@ -1,5 +1,5 @@
-"""Latent geometry of LTX-2.5 (docs/MODEL.md §6): pure functions of plain numbers, and the checks that turn a bad size
-into an error naming the node input.
+"""Checks on LTX-2.5 latents (docs/MODEL.md §6) that turn a bad size into an error naming the node input, and the
+per-channel (de)normalization. The grid's factors and shape functions live in `geometry`.
 
 Video latent `[B, 128, F', H/32, W/32]` with `F' = (F - 1)/8 + 1` (F = 8k + 1 pixel frames: the first latent frame
 encodes one frame, every later one eight). Audio latent `[B, 8, T, 16]` with `T = round(F / fps · 25)`: the audio VAE
@@ -15,13 +15,9 @@ from typing import Mapping
 import torch
 
 from .errors import LTX25Error
+from .geometry import (AUDIO_BINS, AUDIO_CHANNELS, SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION, VIDEO_CHANNELS,
+                       audio_latent_frames, audio_latent_shape, pixel_frames, video_latent_shape)
 
-VIDEO_CHANNELS = 128
-AUDIO_CHANNELS = 8
-AUDIO_BINS = 16
-SPATIAL_COMPRESSION = 32
-TEMPORAL_COMPRESSION = 8
-AUDIO_LATENTS_PER_SECOND = 25  # 16000 Hz / hop 160 / 4 mel frames per latent
 UPSAMPLE_FACTOR = 2            # the shipped spatial upscaler between the two stages
 
 
@@ -48,31 +44,6 @@ def check_fps_batch(fps: float, batch: int, where: str = "LTX25EmptyLatent") -> 
         raise LTX25Error(f"{where}.fps", "fps", fps, "a frame rate > 0")
     if int(batch) != batch or batch < 1:
         raise LTX25Error(f"{where}.batch", "batch", batch, "an integer ≥ 1")
-
-
-def latent_frames(frames: int) -> int:
-    """Pixel frames (8k + 1) → latent frames (k + 1)."""
-    return (frames - 1) // TEMPORAL_COMPRESSION + 1
-
-
-def pixel_frames(latent_frames_: int) -> int:
-    """Latent frames → pixel frames the decoder produces (the inverse of `latent_frames`)."""
-    return (latent_frames_ - 1) * TEMPORAL_COMPRESSION + 1
-
-
-def video_latent_shape(width: int, height: int, frames: int, batch: int = 1) -> tuple[int, int, int, int, int]:
-    """`[B, 128, F', H/32, W/32]` for a video of `frames` × `height` × `width` pixels (sizes already checked)."""
-    return (batch, VIDEO_CHANNELS, latent_frames(frames), height // SPATIAL_COMPRESSION, width // SPATIAL_COMPRESSION)
-
-
-def audio_latent_frames(frames: int, fps: float) -> int:
-    """`round(frames / fps · 25)` — `round`, not `ceil` (docs/MODEL.md §6; 121 f @ 24 fps → 126)."""
-    return round(frames / fps * AUDIO_LATENTS_PER_SECOND)
-
-
-def audio_latent_shape(frames: int, fps: float, batch: int = 1) -> tuple[int, int, int, int]:
-    """`[B, 8, T, 16]` for `frames` pixel frames at `fps`."""
-    return (batch, AUDIO_CHANNELS, audio_latent_frames(frames, fps), AUDIO_BINS)
 
 
 def empty_latent_shapes(width: int, height: int, frames: int, fps: float, batch: int = 1, two_stage: bool = True,

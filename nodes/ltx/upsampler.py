@@ -16,7 +16,8 @@ from diffusers.pipelines.ltx2.latent_upsampler import (RATIONAL_RESAMPLER_SCALE_
 from .files.assets import Kind, expect_kind, read_state_dict
 from .errors import LTX25Error
 from .files.keymap import KeyMap, load_strict
-from .latents import VIDEO_CHANNELS, denormalize_video, normalize_video
+from .geometry import VIDEO_CHANNELS
+from .latents import denormalize_video, normalize_video
 
 # The native names are diffusers' names; the map is empty but `load_strict` still checks full coverage.
 KEY_MAP = KeyMap("latent upsampler")

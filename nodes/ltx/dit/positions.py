@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import torch
 
+from ..geometry import VIDEO_FACTORS
+
 # Fixed by the VAEs, not by the transformer config: video latent cell = 8 frames × 32 × 32 pixels (the first
 # latent frame holds ONE pixel frame: the encoder is causal); audio latent frame = 4 mel frames of 160 samples
 # at 16 kHz.
-VIDEO_SCALE = (8, 32, 32)
+VIDEO_SCALE = VIDEO_FACTORS
 AUDIO_LATENT_DOWNSAMPLE = 4
 MEL_HOP_LENGTH = 160
 AUDIO_SAMPLE_RATE = 16000
