@@ -23,6 +23,7 @@ from bench_diffusion_vae import RELEASED_METADATA, build  # noqa: E402
 
 from nodes.ltx.decode import conv_vae as cv
 from nodes.ltx.decode import diffusion_vae as dv
+from nodes.ltx.decode.tiling import TilingRequest
 from nodes.ltx.release import SHIPPED_CONV_VAE_CONFIG
 
 
@@ -41,17 +42,18 @@ def main() -> None:
     device, dtype = torch.device("cuda"), torch.bfloat16
     vae = build(RELEASED_METADATA, device, dtype)
     small = torch.randn(2, 128, 16, 8, 12, device=device, dtype=dtype)
-    for mode, extra in (("off", {}), ("auto", {"budget_bytes": 1 << 30})):
+    for mode, extra in (("off", {}), ("auto", {"free_memory": 1 << 30})):
         try:
-            host, stats = dv.decode(vae, small, processor="auto", tiling_mode=mode, out_device="cpu", **extra)
-            kept, _ = dv.decode(vae, small, processor="auto", tiling_mode=mode, out_device="cuda", **extra)
+            request = TilingRequest(mode)
+            host, stats = dv.decode(vae, small, processor="auto", request=request, out_device="cpu", **extra)
+            kept, _ = dv.decode(vae, small, processor="auto", request=request, out_device="cuda", **extra)
             print(f"[check] {mode}: {stats.tile_count} tiles, frames {tuple(host.shape)}, "
                   f"equal to the device's: {torch.equal(host, kept.cpu())}", flush=True)
         except Exception as error:  # noqa: BLE001 - the timing below still runs
             print(f"[check] {mode}: failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
     _ref, conv = build_conv(SHIPPED_CONV_VAE_CONFIG, device, dtype)
     latent = torch.randn(1, 128, 16, 16, 24, generator=torch.Generator().manual_seed(0)).to(device, dtype)
-    cases = {"diffusion": lambda: dv.decode(vae, latent, processor="auto", tiling_mode="off"),
+    cases = {"diffusion": lambda: dv.decode(vae, latent, processor="auto", request=TilingRequest("off")),
              "conv": lambda: cv.decode_conv(conv, latent)}
     times: dict[str, list[float]] = {name: [] for name in cases}
     for round_ in range(args.rounds + 1):  # round 0 warms up (compiles)

@@ -33,10 +33,12 @@ from diffusers.models.autoencoders.ltx2_diffusion_decoder import (  # noqa: E402
 
 from nodes.ltx.decode import diffusion_tiling as dt
 from nodes.ltx.decode import diffusion_vae as dv
+from nodes.ltx.decode.tiling import TilingRequest
 from nodes.ltx.kernels import na_attention as na
 from nodes.tools.tiny.diffusion_vae import TINY_DECODER
 
 GiB = 2**30
+OFF = TilingRequest("off")
 RELEASED_METADATA = {"config": {"vae": {"_class_name": "CausalDiffusionVAE", "model_output_type": "x0", "decoder": {
     "in_channels": 128, "out_channels": 3, "patch_size": 4, "head_dim": 64,
     "stage_channels": [2048, 1024, 512, 512, 256], "stage_depths": [4, 6, 4, 2, 8],
@@ -151,8 +153,8 @@ def ours(vae, latent, device, repeats, flops_of, reference: dict | None = None, 
     processor = kwargs.get("processor", "auto")
     processor = processor if isinstance(processor, na.NeighborhoodAttnProcessor) else \
         na.make_processor(processor, latent.device)
-    schedule = dv.plan(vae, tuple(latent.shape[2:]), kwargs.get("tiling_mode", "auto"), kwargs.get("tile_frames"),
-                       kwargs.get("tile_pixels"), kwargs.get("budget_bytes"), latent.shape[0], processor)
+    schedule = dv.plan(vae, tuple(latent.shape[2:]), kwargs.get("request") or dv.default_request(vae),
+                       kwargs.get("free_memory"), latent.shape[0], processor)
     row.update(processor=stats.processor, grid=stats.extra["grid"], tiles=stats.tile_count, steps=stats.steps,
                tflop=flops_of(schedule, stats.steps) / 1e12,
                estimate_bytes=dv.memory_model(vae, latent.shape[0], processor).estimate(schedule))
@@ -253,22 +255,22 @@ def main(argv: list[str] | None = None) -> int:
         reference: dict = {}  # the first processor's frames (sdpa: the reference the others are tested against)
         for processor in available:
             record(table, f"ours_{processor}_off", ours(vae, latent, device, repeats, flops_of, reference,
-                                                        processor=processor, tiling_mode="off"))
+                                                        processor=processor, request=OFF))
         for block in filter(None, args.sdpa_blocks.split(";") if label == first else []):
             query_block = tuple(int(n) for n in block.split(","))
             record(table, f"ours_sdpa{query_block}_off", ours(vae, latent, device, repeats, flops_of,
                                                               processor=na.SdpaNAProcessor(query_block),
-                                                              tiling_mode="off"))
+                                                              request=OFF))
         record(table, "ours_auto_auto", ours(vae, latent, device, repeats, flops_of, reference))
         reference.clear()
-        record(table, "ours_auto_budget", ours(vae, latent, device, repeats, flops_of, budget_bytes=budget))
+        record(table, "ours_auto_budget", ours(vae, latent, device, repeats, flops_of, free_memory=budget))
         if not args.skip_diffusers and not (args.smoke and label != first):  # flex on the CPU: ~20 s each
             for tiled in (False, True):
                 record(table, f"diffusers_{'tiled' if tiled else 'untiled'}",
                        diffusers_decode(vae, latent, device, 1 if not args.smoke else repeats, tiled))
     for label, shape in long_shapes.items():
         latent = torch.randn(1, 128, *shape, generator=torch.Generator().manual_seed(0)).to(device, dtype)
-        record(results["budget_case"], label, ours(vae, latent, device, 1, flops_of, budget_bytes=budget))
+        record(results["budget_case"], label, ours(vae, latent, device, 1, flops_of, free_memory=budget))
     rows = list(results["budget_case"].values())
     if len(rows) == 2 and all("peak_bytes" in r for r in rows):
         results["budget_case"]["peak_ratio_long_over_short"] = rows[1]["peak_bytes"] / max(1, rows[0]["peak_bytes"])

@@ -16,15 +16,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_diffusion_vae import RELEASED_METADATA, build  # noqa: E402
 
 from nodes.ltx.decode import diffusion_vae as dv
+from nodes.ltx.decode.tiling import TilingRequest
 
 vae = build(RELEASED_METADATA, torch.device("cuda"), torch.bfloat16)
 latent = torch.randn(1, 128, 16, 16, 24, device="cuda", dtype=torch.bfloat16)
 for _ in range(2):
-    dv.decode(vae, latent, processor="auto", tiling_mode="off")
+    dv.decode(vae, latent, processor="auto", request=TilingRequest("off"))
 torch.cuda.synchronize()
 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                         torch.profiler.ProfilerActivity.CUDA]) as prof:
-    dv.decode(vae, latent, processor="auto", tiling_mode="off")
+    dv.decode(vae, latent, processor="auto", request=TilingRequest("off"))
     torch.cuda.synchronize()
 events = prof.events()
 device = sorted((e.time_range.start, e.time_range.end, e.name) for e in events

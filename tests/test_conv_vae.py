@@ -14,8 +14,9 @@ from nodes.comfy.decode_conv import LTX25ConvVAEDecode
 from nodes.comfy.handles import Loaded
 from nodes.ltx.decode import conv_vae as cv
 from nodes.ltx.files.assets import inspect_asset
-from nodes.ltx.decode.conv_tiling import (CostModel, TilingRequest, axis_tiles, blend_weights, pixel_frames, plan_tiles,
-                                   spatial_pixels, temporal_pixels)
+from nodes.ltx.decode.conv_tiling import CostModel, latent_overlaps, plan_tiles, spatial_pixels, temporal_pixels
+from nodes.ltx.decode.tiling import TilingRequest, axis_cuts, blend_weights
+from nodes.ltx.geometry import pixel_frames
 from nodes.ltx.errors import LTX25Error
 from nodes.ltx.files.keymap import KeyMap, check_coverage
 from nodes.ltx.release import SHIPPED_CONV_VAE_CONFIG
@@ -43,6 +44,11 @@ def pointwise(vae):
 
 def _latent(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def tiling(frames: int, pixels: int, overlap_frames: int, overlap_pixels: int, mode: str = "manual") -> TilingRequest:
+    """A tiling request as the decode node's widgets give it: frames and pixels per tile, then the overlaps."""
+    return TilingRequest(mode, frames, pixels, overlap_frames, overlap_pixels)
 
 
 # ------------------------------------------------------------------------------------------------- file and config
@@ -170,9 +176,9 @@ def test_statistics_unnormalize_the_latent_before_decoding(vae):
 
 
 @pytest.mark.parametrize("request_", [
-    TilingRequest("manual", 64, 0, 8, 0),       # every latent cell and frame its own tile, no overlap
-    TilingRequest("manual", 96, 32, 16, 8),     # overlaps in both; the last tiles shifted left
-    TilingRequest("manual", 96, 64, 16, 8),     # wide overlaps: three tiles meet on some pixels
+    tiling(8, 64, 0, 0),       # every latent cell and frame its own tile, no overlap
+    tiling(16, 96, 8, 32),     # overlaps in both; the last tiles shifted left
+    tiling(16, 96, 8, 64),     # wide overlaps: three tiles meet on some pixels
 ])
 def test_tiling_is_exact_for_a_pointwise_decoder(pointwise, request_):
     """With a decoder whose output pixel depends only on its own latent cell, every layout reproduces the
@@ -193,7 +199,7 @@ def test_a_last_tile_shifted_back_blends_exactly(pointwise):
     end, so it overlaps its neighbour by more than the steady overlap the decode keeps on the device; the extra
     frames go to the host and are added back. Still the untiled decode."""
     z = _latent(1, 128, 6, 2, 3, seed=4)
-    request = TilingRequest("manual", 64, 0, 16, 0)
+    request = tiling(16, 64, 0, 0)
     plan = cv.decode_plan(pointwise, tuple(z.shape), request, None)
     assert plan.frames == ((0, 3), (2, 5), (3, 6)) and plan.carried_frames == 1
     whole, _ = cv.decode_conv(pointwise, z, TilingRequest("off"))
@@ -218,8 +224,8 @@ def test_blend_removes_the_seam_overlap_zero_shows(vae):
         error = tiled - whole                                          # [F, H, W, 3]
         return float((error[:, :, 1:] - error[:, :, :-1]).abs().mean(dim=(0, 1, 3)).max())
 
-    seam = worst_column_jump(TilingRequest("manual", 64, 0, 64, 0))
-    blended = worst_column_jump(TilingRequest("manual", 96, 32, 64, 0))
+    seam = worst_column_jump(tiling(64, 64, 0, 0))
+    blended = worst_column_jump(tiling(64, 96, 0, 32))
     assert seam > 0.02, f"the tiny decoder shows no seam to remove ({seam})"
     assert blended < seam / 3, f"blended jump {blended} vs seam {seam}"
 
@@ -229,7 +235,7 @@ def test_tiled_decode_matches_untiled_within_tolerance(vae):
     the untiled decode on the tiny VAE (measured 0.0043 / 0.287: its tile-border error decays over 1–2 cells)."""
     z = _latent(1, 128, 5, 3, 4, seed=3)
     whole, _ = cv.decode_conv(vae, z, TilingRequest("off"))
-    tiled, stats = cv.decode_conv(vae, z, TilingRequest("manual", 96, 32, 24, 8))
+    tiled, stats = cv.decode_conv(vae, z, tiling(24, 96, 8, 32))
     assert stats.tile_count >= 4
     diff = (tiled - whole).abs()
     assert diff.mean() < 0.01 and diff.max() < 0.4, (float(diff.mean()), float(diff.max()))
@@ -241,13 +247,13 @@ def test_stacked_tiles_decode_like_one_at_a_time(vae):
     the plan's estimate) and one at a time (a budget of exactly the estimate); each tile lands in its own place.
     (Stacking is on by default only on CUDA: on the CPU it saves no launches and only costs memory.)"""
     z = _latent(1, 128, 5, 4, 4, seed=3)
-    request = TilingRequest("manual", 96, 32, 24, 8)
+    request = tiling(24, 96, 8, 32)
     plan = cv.decode_plan(vae, tuple(z.shape), request, None)
     frames, height, width = plan.tile_pixel_sizes()[0]
     per_tile = int(cv._cost(vae, 1).decoder_bytes * frames * height * width)
     results = {}
     for budget, stack in ((None, 4), (plan.estimate_bytes + 2 * per_tile, 3), (plan.estimate_bytes, 1)):
-        results[stack], stats = cv.decode_conv(vae, z, request, memory_budget=budget, stack_tiles=True)
+        results[stack], stats = cv.decode_conv(vae, z, request, free_memory=budget, stack_tiles=True)
         assert stats.extra["tile_batch"] == stack and stats.tile_count == 8
     _, stats = cv.decode_conv(vae, z, request)
     assert stats.extra["tile_batch"] == 1  # the CPU default
@@ -262,7 +268,7 @@ def test_auto_decode_tiles_under_a_forced_budget_and_reports_each_tile(vae):
     z = _latent(1, 128, 3, 2, 4)
     untiled = cv.decode_plan(vae, tuple(z.shape), TilingRequest("off"), None).estimate_bytes
     calls = []
-    frames, stats = cv.decode_conv(vae, z, TilingRequest("auto", 768, 32, 80, 0), memory_budget=untiled // 2,
+    frames, stats = cv.decode_conv(vae, z, tiling(80, 768, 0, 32, "auto"), free_memory=untiled // 2,
                                    on_step=lambda done, total: calls.append((done, total)))
     assert frames.shape == (17, 64, 128, 3)
     assert stats.tile_count > 1 and len(stats.tile_sizes) == stats.tile_count
@@ -280,7 +286,7 @@ def test_interrupt_between_tiles_stops_the_decode(vae):
             raise Stop
 
     with pytest.raises(Stop):
-        cv.decode_conv(vae, _latent(1, 128, 2, 2, 4), TilingRequest("manual", 64, 0, 64, 0), on_step=on_step)
+        cv.decode_conv(vae, _latent(1, 128, 2, 2, 4), tiling(64, 64, 0, 0), on_step=on_step)
 
 
 # ------------------------------------------------------------------------------------------------- geometry
@@ -288,14 +294,14 @@ def test_trapezoid_weights_sum_to_one():
     """Spatial and temporal weights are a partition of unity on every pixel (also where three tiles meet), ramp
     monotonically across overlaps, and give a later temporal tile's causal first frame weight 0."""
     for length, tile, overlap in [(6, 3, 1), (9, 4, 2), (7, 2, 0), (20, 8, 5)]:
-        tiles = axis_tiles(length, tile, overlap)
+        tiles = axis_cuts(length, tile, overlap)
         ranges = [spatial_pixels(t) for t in tiles]
         weights = blend_weights(ranges, length * 32)
         total = torch.zeros(length * 32)
         for (a, b), w in zip(ranges, weights):
             total[a:b] += w
         assert torch.allclose(total, torch.ones_like(total), atol=1e-6), (length, tile, overlap)
-    tiles = axis_tiles(6, 3, 2)
+    tiles = axis_cuts(6, 3, 2)
     ranges = [temporal_pixels(t) for t in tiles]
     weights = blend_weights(ranges, pixel_frames(6), [t[0] > 0 for t in tiles])
     total = torch.zeros(pixel_frames(6))
@@ -305,7 +311,7 @@ def test_trapezoid_weights_sum_to_one():
     assert all(w[0] == 0 for w in weights[1:])
     ramp = weights[1][1:9]
     assert (ramp[1:] > ramp[:-1]).all() and 0 < ramp[0] < 0.2
-    plan = plan_tiles((6, 2, 2), TilingRequest("manual", 64, 0, 16, 8), None, CostModel(1.0))
+    plan = plan_tiles((6, 2, 2), tiling(16, 64, 8, 0), None, CostModel(1.0))
     assert len(plan.frames) > 1 and all(w[0] == 0 for w in plan.axis_weights()[0][1:])
 
 
@@ -342,10 +348,10 @@ def test_long_videos_keep_the_peak_of_short_ones_under_auto(budget_gib):
     longest = plans[961].estimate_bytes
     assert all(p.estimate_bytes <= longest for p in plans.values()), {f: p.estimate_bytes for f, p in plans.items()}
     assert all(shapes[f][1:] == shapes[961][1:] and shapes[f][0] <= shapes[961][0] for f in shapes), shapes
-    overlap = TilingRequest("auto").latent_overlaps()[1]
+    overlap = latent_overlaps(TilingRequest("auto"))[1]
     for frames, p in plans.items():  # each temporal tile as short as its count allows: no overlap decoded for nothing
         latent, tile = (frames - 1) // 8 + 1, shapes[frames][0]
-        assert tile == overlap + 1 or len(axis_tiles(latent, tile - 1, overlap)) > len(p.frames), (frames, tile)
+        assert tile == overlap + 1 or len(axis_cuts(latent, tile - 1, overlap)) > len(p.frames), (frames, tile)
 
 
 def test_short_clips_are_planned_on_their_own_length():
@@ -378,7 +384,7 @@ def test_decode_node_refuses_a_diffusion_vae_and_bad_latents(tiny_file, tmp_path
     save_file({"decoder.conv_in_x_t.weight": torch.zeros(4, 4)}, path,
               metadata={"config": json.dumps({"vae": {"_class_name": "CausalDiffusionVAE"}})})
     diffusion = Loaded(type("DiffusionVAE", (torch.nn.Module,), {"kind": "diffusion"})(), None, inspect_asset(path))
-    args = ("auto", 768, 64, 80, 24)
+    args = ("auto", 80, 768, 24, 64, 0.0)
     with pytest.raises(LTX25Error, match="Diffusion VAE Decode"):
         node.decode(diffusion, {"samples": _latent(1, 128, 2, 2, 2)}, *args)
     conv = Loaded(cv.load_conv_vae(tiny_file("conv_vae")), None, inspect_asset(tiny_file("conv_vae")))
@@ -391,7 +397,7 @@ def test_decode_node_refuses_a_diffusion_vae_and_bad_latents(tiny_file, tmp_path
 def test_decode_node_returns_images_and_stats(tiny_file):
     """Through model management (standalone bridge): IMAGE `[F, H, W, 3]` and conv decode stats."""
     loaded = Loaded.register(cv.load_conv_vae(tiny_file("conv_vae")), inspect_asset(tiny_file("conv_vae")))
-    out = LTX25ConvVAEDecode().decode(loaded, {"samples": _latent(1, 128, 2, 2, 2)}, "off", 768, 64, 80, 24)
+    out = LTX25ConvVAEDecode().decode(loaded, {"samples": _latent(1, 128, 2, 2, 2)}, "off", 80, 768, 24, 64, 0.0)
     images, stats = out["result"]
     assert images.shape == (9, 64, 64, 3) and stats.decoder == "conv" and stats.seconds > 0
     assert out["ui"]["ltx25_decode_stats"] == [stats.as_dict()]  # what the canvas shows on the node

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nodes.ltx.decode import diffusion_tiling as dt
+from nodes.ltx.decode.tiling import axis_cuts
 from nodes.ltx.errors import LTX25Error
 
 # docs/MODEL.md §10.1, as plain numbers
@@ -46,10 +47,10 @@ def test_tiny_config_scales_the_same_rules_down():
 @pytest.mark.parametrize("length,size,overlap,floor", [
     (17, 8, 4, 3), (16, 8, 4, 3), (9, 8, 4, 3), (61, 40, 20, 6), (69, 40, 20, 6), (240, 64, 20, 6),
     (100, 50, 20, 6), (41, 40, 20, 6), (7, 8, 4, 3), (125, 41, 20, 30)])
-def test_split_axis_covers_with_the_overlap_and_respects_the_floor(length, size, overlap, floor):
+def test_axis_cuts_cover_with_the_overlap_and_respect_the_floor(length, size, overlap, floor):
     """Cuts cover [0, length) in order, neighbours share ≥ overlap cells, no tile is below the floor or above the
     size, and only the last tile may be shorter (grown left when it would fall under the floor)."""
-    cuts = dt.split_axis(length, size, overlap, floor)
+    cuts = axis_cuts(length, size, overlap, floor)
     assert cuts[0][0] == 0 and cuts[-1][1] == length
     for (a0, a1), (b0, b1) in zip(cuts, cuts[1:]):
         assert a0 < b0 and a1 - b0 >= overlap, cuts
@@ -161,6 +162,18 @@ def test_auto_gate_tiles_only_when_the_video_does_not_fit():
     assert tight.is_tiled and memory.estimate(tight) <= untiled // 3
     with pytest.raises(LTX25Error, match="memory budget"):
         dt.plan_auto(RELEASED, latent, 64 * 2**20, memory)
+
+
+def test_auto_keeps_the_requested_overlaps():
+    """auto chooses tile sizes, not overlaps: overlaps wider than the decoder's reach (the node's widgets) are what
+    its tiles share, and one below the reach is refused as in manual tiling."""
+    memory, latent = dt.MemoryModel(), (16, 16, 24)
+    budget = memory.estimate(dt.build_schedule(RELEASED, latent)) // 3
+    wide = dt.plan_auto(RELEASED, latent, budget, memory, 48, 192)
+    assert wide.is_tiled and wide.overlap != (0, 0) and memory.estimate(wide) <= budget
+    assert all(used in (0, wanted) for used, wanted in zip(wide.overlap, (48, 192))), wide.overlap
+    with pytest.raises(LTX25Error, match="overlap"):
+        dt.plan_auto(RELEASED, latent, budget, memory, 32, 160)
 
 
 def test_auto_plans_full_hd_under_ten_gib_and_241_frames_like_121():

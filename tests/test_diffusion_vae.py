@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 
 from nodes.comfy import bridge as comfy_bridge
 from nodes.ltx.decode import diffusion_vae as dv
+from nodes.ltx.decode.tiling import TilingRequest
 from nodes.ltx.errors import LTX25Error
 from nodes.tools.tiny.common import latent_statistics
 
@@ -25,7 +26,15 @@ RELEASED_DECODER = {  # docs/MODEL.md §10.1
     "timestep_scale_multiplier": 1000.0, "default_num_inference_steps": 1, "resampler_kind": "linear",
     "spatial_padding_mode": "zeros"}
 LATENT = torch.randn(1, 128, 3, 3, 3, generator=torch.Generator().manual_seed(7))
-TILES = dict(tiling_mode="manual", tile_frames=16, tile_pixels=64)  # 2 × 2 × 2 tiles at the tiny overlaps
+OFF = TilingRequest("off")
+
+
+def manual(frames: int, pixels: int = 4096) -> TilingRequest:
+    """Manual tiles at the tiny decoder's smallest safe overlaps (8 frames / 32 px); 4096 px leaves space whole."""
+    return TilingRequest("manual", frames, pixels, overlap_frames=8, overlap_pixels=32)
+
+
+TILES = dict(request=manual(16, 64))  # 2 × 2 × 2 tiles
 
 
 def _metadata(decoder=RELEASED_DECODER, **vae):
@@ -53,7 +62,7 @@ def vae(tiny_file):
 
 @pytest.fixture(scope="module")
 def untiled(vae):
-    return dv.decode(vae, LATENT, processor="sdpa", tiling_mode="off", seed=3)
+    return dv.decode(vae, LATENT, processor="sdpa", request=OFF, seed=3)
 
 
 # ------------------------------------------------------------------------------------------- config and keys
@@ -84,7 +93,7 @@ def test_timestep_reaches_the_embedder_times_one_thousand(vae):
     seen = []
     hook = vae.model.decoder.t_embedder.register_forward_pre_hook(lambda m, args: seen.append(float(args[0][0])))
     try:
-        dv.decode(vae, LATENT, processor="sdpa", tiling_mode="off", steps=2)
+        dv.decode(vae, LATENT, processor="sdpa", request=OFF, steps=2)
     finally:
         hook.remove()
     assert seen == [1000.0, 500.0], seen
@@ -185,7 +194,7 @@ def test_untiled_decode_equals_diffusers_decoder_on_the_same_noise(vae, monkeypa
     decoder = vae.model.decoder
     noise = torch.randn(1, 3, 17, 96, 96, generator=torch.Generator().manual_seed(1))
     monkeypatch.setattr(dv, "tile_noise", lambda *a: noise.clone())
-    got, _ = dv.decode(vae, LATENT, processor="sdpa", tiling_mode="off")
+    got, _ = dv.decode(vae, LATENT, processor="sdpa", request=OFF)
     z = LATENT * vae.latents_std.view(1, -1, 1, 1, 1) + vae.latents_mean.view(1, -1, 1, 1, 1)
     with torch.inference_mode():
         want = decoder.denoise(decoder.forward_stage_4(decoder.forward_stages_1_to_3(z)), noise, 1)
@@ -195,8 +204,7 @@ def test_untiled_decode_equals_diffusers_decoder_on_the_same_noise(vae, monkeypa
 
 def test_untiled_equals_single_tile_bit_exact(vae, untiled):
     """`off` and a manual tile at least the video's size run the same single-tile schedule: identical pixels."""
-    single, stats = dv.decode(vae, LATENT, processor="sdpa", tiling_mode="manual", tile_frames=4096,
-                              tile_pixels=4096, seed=3)
+    single, stats = dv.decode(vae, LATENT, processor="sdpa", request=manual(4096), seed=3)
     assert stats.tile_count == untiled[1].tile_count == 1
     assert torch.equal(single, untiled[0])
 
@@ -217,14 +225,14 @@ def test_tiled_matches_untiled_within_tolerance(vae, untiled):
 
 def test_small_latents_are_floor_padded_and_cropped_back(vae):
     """A latent below the decoder's floor (3, 7, 7 released; 3, 3, 3 tiny) still decodes, to its own size."""
-    frames, _ = dv.decode(vae, LATENT[:, :, :1, :1, :2], processor="sdpa", tiling_mode="off")
+    frames, _ = dv.decode(vae, LATENT[:, :, :1, :1, :2], processor="sdpa", request=OFF)
     assert frames.shape == (1, 32, 64, 3) and 0 <= frames.min() <= frames.max() <= 1
 
 
 def test_seed_controls_the_noise_and_nothing_else_does(vae, untiled):
     """The same seed reproduces the video; another seed changes it."""
-    again, _ = dv.decode(vae, LATENT, processor="sdpa", tiling_mode="off", seed=3)
-    other, _ = dv.decode(vae, LATENT, processor="sdpa", tiling_mode="off", seed=4)
+    again, _ = dv.decode(vae, LATENT, processor="sdpa", request=OFF, seed=3)
+    other, _ = dv.decode(vae, LATENT, processor="sdpa", request=OFF, seed=4)
     assert torch.equal(again, untiled[0]) and not torch.allclose(other, untiled[0], atol=1e-3)
 
 
@@ -271,7 +279,7 @@ def test_scheduler_configs_that_reshape_sigmas_are_refused(config):
 def test_progress_reports_every_tile_step(vae):
     """on_step sees 1..tiles×steps with the total, which is what drives ComfyUI's bar and interrupt checks."""
     seen = []
-    _, stats = dv.decode(vae, LATENT, processor="sdpa", steps=2, tiling_mode="manual", tile_frames=16,
+    _, stats = dv.decode(vae, LATENT, processor="sdpa", steps=2, request=manual(16),
                          on_step=lambda done, total: seen.append((done, total)))
     assert stats.tile_count == 2 and seen == [(i, 4) for i in range(1, 5)]
 
@@ -311,7 +319,7 @@ def test_node_decodes_and_refuses_a_conv_vae(tiny_file):
     path = tiny_file("diffusion_vae")
     handle = Loaded.register(dv.load_diffusion_vae(path, torch.float32), inspect_asset(path))
     node = LTX25DiffusionVAEDecode()
-    out = node.decode(handle, {"samples": LATENT[:, :, :, :2, :2]}, "auto", 0, 5, "auto", 80, 512, 0.0)
+    out = node.decode(handle, {"samples": LATENT[:, :, :, :2, :2]}, "auto", 0, 5, "auto", 80, 512, 40, 160, 0.0)
     images, stats = out["result"]
     assert images.shape == (17, 64, 64, 3) and stats.decoder == "diffusion" and stats.steps == 1
     assert out["ui"]["ltx25_decode_stats"] == [stats.as_dict()]  # what the canvas shows on the node
@@ -319,7 +327,7 @@ def test_node_decodes_and_refuses_a_conv_vae(tiny_file):
     conv = types.SimpleNamespace(module=types.SimpleNamespace(kind="conv"),
                                  info=types.SimpleNamespace(name="ltx-2.5-video-vae-conv-bf16.safetensors"))
     with pytest.raises(LTX25Error, match="Conv VAE Decode"):
-        node.decode(conv, {"samples": LATENT}, "auto", 0, 0, "auto", 80, 512, 0.0)
+        node.decode(conv, {"samples": LATENT}, "auto", 0, 0, "auto", 80, 512, 40, 160, 0.0)
     inputs = LTX25DiffusionVAEDecode.INPUT_TYPES()["required"]
     assert all("tooltip" in spec[1] for spec in inputs.values())
 
@@ -349,8 +357,8 @@ def test_the_memory_model_counts_the_blend_frames_the_decode_keeps(vae, monkeypa
     _BlendTracker.most = 0
     monkeypatch.setattr(dv._Decode, "decode_into", tracked)
     latent = torch.randn(1, 128, 5, 2, 2, generator=torch.Generator().manual_seed(2))
-    dv.decode(vae, latent, processor="sdpa", tiling_mode="manual", tile_frames=16, tile_pixels=4096)
-    schedule = dv.plan(vae, (5, 2, 2), "manual", 16, 4096)
+    dv.decode(vae, latent, processor="sdpa", request=manual(16))
+    schedule = dv.plan(vae, (5, 2, 2), manual(16), None)
     assert schedule.grid[0] >= 3, schedule.grid  # a middle group has a stub from before and leaves one behind
     from nodes.ltx.decode import diffusion_tiling as dt
     with_blend, without = (dt.MemoryModel(accumulator_bytes=2).estimate(schedule),

@@ -72,6 +72,7 @@ def test_decode_uses_fused_blocks_only_with_the_triton_processor(tiny_file, monk
     `fused_block` runs ours on every stage-5 block, and the frames agree. (The triton processor itself needs a GPU
     to be picked; here blocked SDPA stands in for its attention so only the block forward differs.)"""
     from nodes.ltx.decode import diffusion_vae as dv
+    from nodes.ltx.decode.tiling import TilingRequest
     from nodes.ltx.kernels import na_attention as na
     class FusedSdpa(na.SdpaNAProcessor):
         fused_block = True
@@ -81,9 +82,9 @@ def test_decode_uses_fused_blocks_only_with_the_triton_processor(tiny_file, monk
     monkeypatch.setattr(fused_block, "block_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
     vae = dv.load_diffusion_vae(tiny_file("diffusion_vae"), torch.float32)
     latent = torch.randn(1, 128, 2, 2, 2, generator=torch.Generator().manual_seed(0))
-    ref, _ = dv.decode(vae, latent, processor=na.SdpaNAProcessor(), tiling_mode="off", seed=3)
+    ref, _ = dv.decode(vae, latent, processor=na.SdpaNAProcessor(), request=TilingRequest("off"), seed=3)
     assert not calls
-    got, _ = dv.decode(vae, latent, processor=FusedSdpa(), tiling_mode="off", seed=3)
+    got, _ = dv.decode(vae, latent, processor=FusedSdpa(), request=TilingRequest("off"), seed=3)
     blocks = sum(type(m).__name__ == "LTX2VideoVaeDiffusionNABlock" for m in vae.model.modules())
     assert len(calls) == blocks > 0
     assert torch.allclose(got, ref, atol=1e-4), f"max diff {(got - ref).abs().max():.3e}"

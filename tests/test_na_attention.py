@@ -141,10 +141,11 @@ def test_processors_agree_on_the_tiny_decoder(tiny_file):
     decodes the same video with comfy_kitchen as with sdpa; NATTEN (uncompiled flex on the CPU takes ~30 s for the
     stage-5 grid) is compared on the decoder's stages 1-3, which run every det-stage attention module."""
     from nodes.ltx.decode import diffusion_vae as dv
+    from nodes.ltx.decode.tiling import TilingRequest
     vae = dv.load_diffusion_vae(tiny_file("diffusion_vae"), torch.float32)
     latent = torch.randn(1, 128, 3, 3, 3, generator=torch.Generator().manual_seed(0))
-    ref, stats = dv.decode(vae, latent, processor="sdpa", tiling_mode="off")
-    got, ck_stats = dv.decode(vae, latent, processor="comfy_kitchen", tiling_mode="off")
+    ref, stats = dv.decode(vae, latent, processor="sdpa", request=TilingRequest("off"))
+    got, ck_stats = dv.decode(vae, latent, processor="comfy_kitchen", request=TilingRequest("off"))
     assert (stats.processor, ck_stats.processor) == ("sdpa", "comfy_kitchen (eager)")
     assert torch.allclose(got, ref, atol=1e-4), f"comfy_kitchen: max diff {(got - ref).abs().max():.3e}"
     decoder = vae.model.decoder

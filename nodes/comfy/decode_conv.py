@@ -3,33 +3,14 @@ from __future__ import annotations
 
 from . import bridge
 from .handles import latent_for_decoder
-from ..ltx.decode.conv_tiling import MODES, TilingRequest
+from .decode_tiling import tiling_inputs
+from ..ltx.decode.tiling import TilingRequest
 
 CATEGORY = "LTX-2.5/decode"
 NODE = "LTX25ConvVAEDecode"
-
-
-def tiling_inputs(spatial_tile: int = 768, spatial_overlap: int = 64, temporal_tile: int = 80,
-                  temporal_overlap: int = 24) -> dict:
-    """The tiling widget group (mode + tile/overlap sizes in pixels and frames) with the given defaults
-    (the reference's conv-VAE defaults unless told)."""
-    return {
-        "tiling": (list(MODES), {"default": "auto", "tooltip": (
-            "auto: tile only when the untiled decode would not fit in the free device memory, then the largest "
-            "tiles that fit (with the overlaps below). off: decode in one piece. manual: the sizes below.")}),
-        "spatial_tile": ("INT", {"default": spatial_tile, "min": 64, "max": 8192, "step": 32,
-                                 "tooltip": "Manual tiling: tile height and width in pixels (a multiple of 32)."}),
-        "spatial_overlap": ("INT", {"default": spatial_overlap, "min": 0, "max": 2048, "step": 32, "tooltip": (
-            "Pixels neighbouring tiles share and cross-fade; larger hides seams better, costs more.")}),
-        "temporal_tile": ("INT", {"default": temporal_tile, "min": 8, "max": 8192, "step": 8,
-                                  "tooltip": "Manual tiling: frames per temporal tile (a multiple of 8)."}),
-        "temporal_overlap": ("INT", {"default": temporal_overlap, "min": 0, "max": 2048, "step": 8, "tooltip": (
-            "Frames cross-faded between temporal tiles (a multiple of 8); one more latent frame is always shared "
-            "so the causal first frame of a tile can be dropped.")}),
-    }
-
-
-TILING_INPUTS = tiling_inputs()
+# the reference's conv-VAE tiling: 768 px tiles with 64 px overlap, 80-frame tiles with 24 frames overlap
+TILING_INPUTS = tiling_inputs(80, 768, 24, 64, "Larger hides seams better and costs more (temporal tiles also share "
+                              "one more latent frame, whose causal first frame is dropped).")
 
 
 class LTX25ConvVAEDecode:
@@ -48,16 +29,16 @@ class LTX25ConvVAEDecode:
             "latent": ("LATENT", {"tooltip": "Video latent [B, 128, F', H/32, W/32] from the sampler."}),
             **TILING_INPUTS}}
 
-    def decode(self, video_vae, latent, tiling, spatial_tile, spatial_overlap, temporal_tile, temporal_overlap):
-        from ..ltx.decode.conv_vae import decode_conv, decode_plan
+    def decode(self, video_vae, latent, tiling, tile_frames, tile_pixels, overlap_frames, overlap_pixels,
+               memory_budget_gb):
+        from ..ltx.decode.conv_vae import decode_conv, working_memory
         samples = latent_for_decoder(NODE, video_vae, latent, "conv", "ltx-2.5-video-vae-conv-bf16.safetensors",
                                      "LTX-2.5 Diffusion VAE Decode")
-        request = TilingRequest(tiling, spatial_tile, spatial_overlap, temporal_tile, temporal_overlap)
+        request = TilingRequest(tiling, tile_frames, tile_pixels, overlap_frames, overlap_pixels, memory_budget_gb)
+        request.check(NODE)
         # Ask model management for room to decode untiled (evicting the sampler's models); auto then tiles only
         # if even that much is not free.
-        estimate = decode_plan(video_vae.module, tuple(samples.shape),
-                               request if tiling == "manual" else TilingRequest("off"), None).estimate_bytes
-        vae = video_vae.ready(estimate)
+        vae = video_vae.ready(working_memory(video_vae.module, tuple(samples.shape), request))
         images, stats = decode_conv(vae, samples, request, bridge.free_device_memory(),
                                     bridge.step_callback(1, "conv VAE decode"), where=NODE)
         # The ui entry carries the figures the canvas shows on the node (web/ltx25_ab_viewer.js).

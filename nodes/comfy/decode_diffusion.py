@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from . import bridge
 from .handles import latent_for_decoder
-from ..ltx.decode.diffusion_vae import TILING_MODES
-from ..ltx.errors import LTX25Error
+from .decode_tiling import tiling_inputs
+from ..ltx.decode.tiling import TilingRequest
 from ..ltx.kernels.na_attention import PROCESSORS
 
 CATEGORY = "LTX-2.5/decode"
@@ -15,18 +15,9 @@ PROCESSOR_INPUT = (list(PROCESSORS), {"default": "auto", "tooltip": (
     "pixel stage; sdpa otherwise). sdpa: exact blocked PyTorch attention, runs anywhere. triton: the "
     "pack's fused kernel. "
     "All give the same video within float tolerance.")})
-TILING_INPUTS = {
-    "tiling": (list(TILING_MODES), {"default": "auto", "tooltip": (
-        "auto: tile only when the decode would not fit the memory budget. off: one tile. manual: the sizes below. "
-        "Overlaps are always the decoder's safe 40 frames / 160 px.")}),
-    "tile_frames": ("INT", {"default": 80, "min": 16, "max": 4096, "step": 8,
-                            "tooltip": "Manual tiling: frames per tile (≥ 2× the 40-frame overlap)."}),
-    "tile_pixels": ("INT", {"default": 512, "min": 64, "max": 8192, "step": 32,
-                            "tooltip": "Manual tiling: tile height and width in pixels (≥ 2× the 160-px overlap)."}),
-    "memory_budget_gb": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 4096.0, "step": 0.5, "tooltip": (
-        "auto tiling: GiB the decode may use, weights included. 0 = the free device memory after other models "
-        "are evicted.")}),
-}
+# 512 px and 80-frame manual tiles; the overlaps are the released decoder's smallest safe ones
+TILING_INPUTS = tiling_inputs(80, 512, 40, 160, "At least the decoder's receptive field (40 frames / 160 px for the "
+                              "released decoder); a smaller overlap is refused, as it would leave seams.")
 
 
 class LTX25DiffusionVAEDecode:
@@ -50,22 +41,18 @@ class LTX25DiffusionVAEDecode:
                              "tooltip": "Seed of the decoder's start noise."}),
             **TILING_INPUTS}}
 
-    def decode(self, video_vae, latent, processor, steps, seed, tiling, tile_frames, tile_pixels, memory_budget_gb):
+    def decode(self, video_vae, latent, processor, steps, seed, tiling, tile_frames, tile_pixels, overlap_frames,
+               overlap_pixels, memory_budget_gb):
         from ..ltx.decode import diffusion_vae as engine
         samples = latent_for_decoder(NODE, video_vae, latent, "diffusion", "ltx-2.5-video-vae-bf16.safetensors",
                                      "LTX-2.5 Conv VAE Decode")
-        weights = bridge.module_bytes(video_vae.module)
-        if 0 < memory_budget_gb * 2**30 <= weights:
-            raise LTX25Error(f"{NODE}.memory_budget_gb", "the budget", f"{memory_budget_gb} GiB",
-                             f"more than the decoder's own {weights / 2**30:.2f} GiB of weights",
-                             "Raise it, or set 0 to use the free device memory.")
-        vae = video_vae.ready(engine.decode_memory_estimate(video_vae.module, tuple(samples.shape)))
-        budget = (int(memory_budget_gb * 2**30) - weights if memory_budget_gb > 0
-                  else bridge.free_device_memory())
-        images, stats = engine.decode(vae, samples, processor=processor, steps=steps, seed=seed, tiling_mode=tiling,
-                                      tile_frames=tile_frames, tile_pixels=tile_pixels, budget_bytes=budget,
+        request = TilingRequest(tiling, tile_frames, tile_pixels, overlap_frames, overlap_pixels, memory_budget_gb)
+        request.check(NODE)
+        vae = video_vae.ready(engine.working_memory(video_vae.module, tuple(samples.shape), request))
+        images, stats = engine.decode(vae, samples, processor=processor, steps=steps, seed=seed, request=request,
+                                      free_memory=bridge.free_device_memory(),
                                       on_step=bridge.step_callback(1, "diffusion VAE decode"),
-                                      out_device=bridge.intermediate_device())
+                                      out_device=bridge.intermediate_device(), where=NODE)
         # The ui entry carries the figures the canvas shows on the node (web/ltx25_ab_viewer.js).
         return {"ui": {"ltx25_decode_stats": [stats.as_dict()]}, "result": (images, stats)}
 

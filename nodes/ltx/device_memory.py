@@ -16,6 +16,11 @@ def free_bytes(device: torch.device) -> int:
     return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
 
 
+def weight_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's parameters and buffers: what a memory budget that includes the weights sets aside."""
+    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+
+
 def start_meter(device: torch.device) -> Callable[[], tuple[float, int]]:
     """Reset `device`'s peak-memory counter and start a clock; the returned function reads (seconds, peak bytes)
     — the cost figures of a decode (peak 0 off CUDA)."""

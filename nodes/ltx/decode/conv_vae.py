@@ -21,16 +21,16 @@ import torch
 from diffusers.models.autoencoders.autoencoder_kl_ltx2 import LTX2VideoDecoder3d
 
 from ..files.assets import Kind, expect_kind, read_state_dict
-from .conv_tiling import (CostModel, TilePlan, TilingRequest, plan_tiles, spatial_pixels, temporal_pixels,
-                          tile_batch)
+from .conv_tiling import CostModel, TilePlan, plan_tiles, spatial_pixels, temporal_pixels, tile_batch
+from .tiling import TilingRequest
 from .stats import DecodeStats
 from ..errors import LTX25Error
 from ..files.keymap import Drop, KeyMap, Rename, load_strict
 from ..latents import check_video_latent, denormalize_video
-from ..device_memory import free_bytes, start_meter
+from ..device_memory import free_bytes, start_meter, weight_bytes
+from ..geometry import SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION, VIDEO_CHANNELS as LATENT_CHANNELS
 from .host_frames import HostFrames, host_copier
 
-LATENT_CHANNELS = 128
 UPSAMPLER_KINDS = {"compress_all": "spatiotemporal", "compress_time": "temporal", "compress_space": "spatial"}
 _STRIDES = {"spatiotemporal": (2, 2, 2), "temporal": (2, 1, 1), "spatial": (1, 2, 2)}
 # Native decoder block index → diffusers module, for the nine-block 2.3/2.5 layout (checked by the config).
@@ -105,9 +105,10 @@ class ConvVAEConfig:
         patch = int(vae.get("patch_size", 4))
         spatial = patch * 2 ** sum(_STRIDES[UPSAMPLER_KINDS[n]][1] == 2 for n, _, _ in upsamplers)
         temporal = 2 ** sum(_STRIDES[UPSAMPLER_KINDS[n]][0] == 2 for n, _, _ in upsamplers)
-        if (spatial, temporal) != (32, 8):
+        if (spatial, temporal) != (SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION):
             raise LTX25Error(where, "config.vae compression (patch_size × decoder upsamplers)",
-                             f"{spatial}×{spatial}×{temporal}", "32×32×8 (the LTX-2.5 latent grid)")
+                             f"{spatial}×{spatial}×{temporal}", f"{SPATIAL_COMPRESSION}×{SPATIAL_COMPRESSION}×"
+                             f"{TEMPORAL_COMPRESSION} (the LTX-2.5 latent grid)")
         padding = vae.get("spatial_padding_mode", "reflect")
         if padding not in ("zeros", "reflect", "replicate", "circular"):
             raise LTX25Error(where, "config.vae.spatial_padding_mode", padding, "zeros, reflect, replicate or circular")
@@ -146,12 +147,6 @@ class ConvVideoVAE(torch.nn.Module):
         self.register_buffer("latents_mean", torch.zeros(config.latent_channels))
         self.register_buffer("latents_std", torch.ones(config.latent_channels))
 
-    def bytes_per_voxel(self) -> float:
-        """Decoder working memory per output pixel·frame: ~12 live maps of the last stage (base width at a quarter
-        of the resolution: base/patch² values per pixel) — measured 7.6 GiB for 768×512×121 bf16 (diffusers, 2.0
-        layout, same last stage) — plus 24 B of fp32 RGB output copies."""
-        itemsize = next(self.decoder.parameters()).element_size()
-        return 12 * self.config.decoder_base_channels / self.config.patch_size ** 2 * itemsize + 24
 
 
 def load_conv_vae(path: str, dtype: torch.dtype | None = None) -> ConvVideoVAE:
@@ -162,43 +157,55 @@ def load_conv_vae(path: str, dtype: torch.dtype | None = None) -> ConvVideoVAE:
 
 
 # ------------------------------------------------------------------------------------------------------ decode
-def decode_plan(vae: ConvVideoVAE, latent_shape: tuple[int, ...], tiling: TilingRequest,
+def decode_plan(vae: ConvVideoVAE, latent_shape: tuple[int, ...], request: TilingRequest,
                 memory_budget: int | None) -> TilePlan:
     """The tiles `decode_conv` will use for a `[B, 128, F', H', W']` latent (batch items decode together)."""
-    return plan_tiles(tuple(latent_shape[2:]), tiling, memory_budget, _cost(vae, latent_shape[0]))
+    return plan_tiles(tuple(latent_shape[2:]), request, memory_budget, _cost(vae, latent_shape[0]))
+
+
+def working_memory(vae: ConvVideoVAE, latent_shape: tuple[int, ...], request: TilingRequest | None = None) -> int:
+    """Bytes a decode of `[B, 128, F', H', W']` needs beyond the weights: the manual tiles' for a `manual` request,
+    else the untiled decode's — what model management is asked to free before the decode (auto then tiles only if
+    even that much is not free)."""
+    request = request if request is not None and request.mode == "manual" else TilingRequest("off")
+    return decode_plan(vae, tuple(latent_shape), request, None).estimate_bytes
 
 
 def _cost(vae: ConvVideoVAE, batch: int) -> CostModel:
-    return CostModel(vae.bytes_per_voxel() * batch, 12.0 * batch)
+    """Decoder working memory per output pixel·frame: ~12 live maps of the last stage (base width at a quarter of
+    the resolution: base/patch² values per pixel) — measured 7.6 GiB for 768×512×121 bf16 (diffusers, 2.0 layout,
+    same last stage) — plus 24 B of fp32 RGB output copies; 12 B per voxel of the fp32 group buffer."""
+    itemsize = next(vae.decoder.parameters()).element_size()
+    per_voxel = 12 * vae.config.decoder_base_channels / vae.config.patch_size ** 2 * itemsize + 24
+    return CostModel(per_voxel * batch, 12.0 * batch)
 
 
 READBACK_FRAMES = 8   # frames per piece when a shifted last tile's overlap comes back from host memory
 
 
-def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest = TilingRequest(),
-                memory_budget: int | None = None, on_step: Callable[[int, int], None] | None = None,
+def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, request: TilingRequest = TilingRequest(),
+                free_memory: int | None = None, on_step: Callable[[int, int], None] | None = None,
                 where: str = "decode_conv", stack_tiles: bool | None = None) -> tuple[torch.Tensor, DecodeStats]:
     """Normalized latent `[B, 128, F', H', W']` → frames `[B·F, H, W, 3]` float32 in [0, 1] on the CPU, with
     F = 8(F'−1)+1, H = 32H', W = 32W'; and the `DecodeStats` (decoder "conv").
 
     The latent is un-normalized with the file's statistics, cut into the tiles of `decode_plan` (auto: untiled when
-    the estimate fits `memory_budget`, bytes free on the decoder's device; None = ask CUDA, or ample on the CPU),
-    each tile decoded and (x+1)/2-clamped — the equal-shaped spatial tiles of one temporal tile stacked into batches
-    as memory allows (`tile_batch`) — and blended on the device; that group's finished frames are streamed into the
+    the estimate fits the request's memory budget, or `free_memory`, bytes free on the decoder's device with the
+    weights loaded, when that is 0; None = ask the device, ample on the CPU), each tile decoded and (x+1)/2-clamped
+    — the equal-shaped spatial tiles of one temporal tile stacked into batches as memory allows (`tile_batch`) — and
+    blended on the device; that group's finished frames are streamed into the
     CPU output (on CUDA through `DeviceToHost`'s pinned staging on a side stream) while its overlap with the next
     group stays on the device: host memory holds the output plus one group. `on_step(done, total)` runs after every
     tile (progress; it raises to interrupt). `where` names the node in errors. `stack_tiles` (default: on CUDA only,
     where small tiles leave the GPU waiting on launches; on the CPU it only adds memory) allows the stacking.
     """
     check_video_latent(latent, f"{where}.latent")
-    problem = tiling.problem()
-    if problem is not None:
-        raise LTX25Error(f"{where}.{problem[0]}", problem[0], problem[1], problem[2])
+    request.check(where)
     param = next(vae.decoder.parameters())
     device, dtype = param.device, param.dtype
-    if memory_budget is None and device.type == "cuda":
-        memory_budget = free_bytes(device)
-    plan = decode_plan(vae, tuple(latent.shape), tiling, memory_budget)
+    memory_budget = request.budget_bytes(weight_bytes(vae), free_bytes(device) if free_memory is None else free_memory,
+                                         where)
+    plan = decode_plan(vae, tuple(latent.shape), request, memory_budget)
     stacking = device.type == "cuda" if stack_tiles is None else stack_tiles
     stack = tile_batch(plan, _cost(vae, latent.shape[0]), memory_budget) if stacking else 1
     weights_t, weights_h, weights_w = plan.axis_weights()
@@ -256,7 +263,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, tiling: TilingRequest =
             del group
     seconds, peak = meter()
     stats = DecodeStats("conv", seconds, peak, plan.count, tuple(plan.tile_pixel_sizes()), extra={
-        "mode": tiling.mode, "plan": plan.reason, "latent_tiles": {"frames": plan.frames, "rows": plan.rows,
+        "mode": request.mode, "plan": plan.reason, "latent_tiles": {"frames": plan.frames, "rows": plan.rows,
                                                                     "cols": plan.cols},
         "estimate_bytes": plan.estimate_bytes, "memory_budget": memory_budget, "tile_batch": stack,
         "dtype": str(dtype).split(".")[-1]})

@@ -2,8 +2,9 @@
 
 Stages 1-3 run once on the whole (floor-padded, ghost-padded) latent; stages 4-5 run per tile. Tiles live on the
 stage-4 input grid ("cells": 2 frames × 8 × 8 px for the released config) and are blended in pixel space with
-trapezoid weights that sum to one. Everything here is a function of the decoder config and the latent shape —
-no tensors but the 1-D weights — so the geometry is tested without running a model. Reference: docs/MODEL.md §10.4.
+the trapezoid ramps of `tiling`, which sum to one. Everything here is a function of the decoder config and the
+latent shape — no tensors but the 1-D weights — so the geometry is tested without running a model. Reference:
+docs/MODEL.md §10.4.
 """
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from typing import Sequence
 import torch
 
 from ..errors import LTX25Error
+from ..geometry import VIDEO_FACTORS  # frames, height, width per latent cell: tile sizes and overlaps sit on it
+from .tiling import axis_cuts, ramp_weights, search_budget
 
 THW = tuple[int, int, int]
-VIDEO_FACTORS = (8, 32, 32)  # the latent format: frames, height, width per latent cell; overlaps round up to these
 WHERE = "diffusion VAE tiling"
 
 
@@ -130,14 +132,9 @@ class AxisSpan:
         return self.pixels[1] - self.pixels[0]
 
     def weights(self) -> torch.Tensor:
-        """Trapezoid `[length]` float32: ramps of k/(r+1), so two overlapping ramps sum to exactly one."""
-        left, right = self.ramps
-        w = torch.ones(self.length, dtype=torch.float64)
-        if left:
-            w[:left] = torch.arange(1, left + 1, dtype=torch.float64) / (left + 1)
-        if right:
-            w[self.length - right:] *= 1 - torch.arange(1, right + 1, dtype=torch.float64) / (right + 1)
-        return w.float()
+        """Trapezoid `[length]` float32: ramps of k/(r+1), so two overlapping ramps sum to exactly one. Tiles are
+        at least twice the overlap long (`build_schedule`), so a span's two ramps never meet."""
+        return ramp_weights(self.length, *self.ramps).float()
 
 
 @dataclass(frozen=True)
@@ -214,22 +211,6 @@ class TileSchedule:
         return out
 
 
-def split_axis(length: int, size: int, overlap: int, floor: int) -> list[tuple[int, int]]:
-    """Cut `[0, length)` cells into tiles of `size` sharing `overlap` cells; a last tile below `floor` grows left.
-
-    One tile when it all fits. Tiles are never shorter than `overlap + 1`, so neighbouring ramps never meet.
-    """
-    if length <= size:
-        return [(0, length)]
-    step = size - overlap
-    count = _ceil_div(length - overlap, step)
-    cuts = [(i * step, min(i * step + size, length)) for i in range(count)]
-    cuts[-1] = (cuts[-1][0], length)
-    if cuts[-1][1] - cuts[-1][0] < floor:
-        cuts[-1] = (length - floor, length)
-    return cuts
-
-
 def _spans(cuts: Sequence[tuple[int, int]], cell: int, causal: bool) -> tuple[AxisSpan, ...]:
     """Cells → pixels. Spatially ×cell. Temporally (causal ×2 upsample): the origin tile drops its duplicate
     leading frame and every other tile keeps it, so a non-origin tile starts one pixel frame *before* 2·start and
@@ -290,7 +271,7 @@ def build_schedule(geometry: TilingGeometry, latent_thw: THW, tile_frames: int |
             raise LTX25Error(WHERE, name, size, f"a multiple of {factor} and at least {low}",
                              f"Each tile needs room for two {overlap}-{'frame' if axis == 0 else 'pixel'} blend "
                              "ramps and the decoder's smallest window.")
-        spans.append(_spans(split_axis(n, size // c, overlap // c, floor), c, axis == 0))
+        spans.append(_spans(axis_cuts(n, size // c, overlap // c, floor), c, axis == 0))
     tiled = [len(s) > 1 for s in spans]
     used_overlap = (overlap_frames if tiled[0] else 0, overlap_pixels if tiled[1] or tiled[2] else 0)
     return TileSchedule(geometry, tuple(latent_thw), work, pad, used_overlap, tuple(spans))
@@ -360,37 +341,43 @@ def _candidates(n_cells: int, cell: int, factor: int, low: int) -> list[int]:
 
 
 def plan_auto(geometry: TilingGeometry, latent_thw: THW, budget_bytes: int,
-              memory: MemoryModel = MemoryModel()) -> TileSchedule:
-    """The schedule with the least recomputed overlap whose estimated peak fits `budget_bytes`.
+              memory: MemoryModel = MemoryModel(), overlap_frames: int | None = None,
+              overlap_pixels: int | None = None) -> TileSchedule:
+    """The schedule with the least recomputed overlap whose estimated peak fits `budget_bytes`, with the given
+    overlaps (default: the smallest safe ones, as in `build_schedule`).
 
     The whole video as one tile wastes nothing, so it wins whenever it fits: `auto` tiles only when it must.
     """
     min_frames, min_pixels = geometry.min_overlap
+    overlaps = (min_frames if overlap_frames is None else overlap_frames,
+                min_pixels if overlap_pixels is None else overlap_pixels)
     work, _ = floor_pad(geometry, latent_thw)
     grid = geometry.stage4_grid(work)
     cell = geometry.cell_pixels
-    lows = [max(2 * o, f * c) for o, f, c in zip((min_frames, min_pixels, min_pixels), geometry.min_tile_cells, cell)]
+    lows = [max(2 * o, f * c) for o, f, c in zip((*overlaps, overlaps[1]), geometry.min_tile_cells, cell)]
     options = [_candidates(n, c, f, low) for n, c, f, low in zip(grid, cell, VIDEO_FACTORS, lows)]
-    best = None
     unique = math.prod(grid)
-    for tf, th, tw in itertools.product(*options):
-        if th != tw and None not in (th, tw):
-            continue  # square spatial tiles (one widget, as in manual mode) keep the search small
-        schedule = build_schedule(geometry, latent_thw, tf, (th, tw) if (th or tw) else None)
+
+    def schedules():
+        for tf, th, tw in itertools.product(*options):
+            if th != tw and None not in (th, tw):
+                continue  # square spatial tiles (one widget, as in manual mode) keep the search small
+            yield build_schedule(geometry, latent_thw, tf, (th, tw) if (th or tw) else None, *overlaps)
+
+    def waste(schedule: TileSchedule) -> tuple:
         cells = [max(s.cells[1] - s.cells[0] for s in axis) for axis in schedule.spans]
-        if memory.estimate(schedule) > budget_bytes:
-            continue
         processed = math.prod(sum(s.cells[1] - s.cells[0] for s in axis) for axis in schedule.spans)
-        key = (processed / unique, schedule.tile_count, -math.prod(cells))
-        if best is None or key < best[0]:
-            best = (key, schedule)
+        return processed / unique, schedule.tile_count, -math.prod(cells)
+
+    best, _ = search_budget(schedules(), memory.estimate, budget_bytes, waste)
     if best is None:
         smallest = build_schedule(geometry, latent_thw, *(low if n * c > low else None
-                                                          for low, n, c in zip(lows[:2], grid[:2], cell[:2])))
+                                                          for low, n, c in zip(lows[:2], grid[:2], cell[:2])),
+                                  *overlaps)
         untiled_part = memory.stages_1_to_3(geometry, work) + memory.processor_scratch + memory.constant_bytes
         why = "for stages 1-3, which run untiled" if untiled_part >= memory.estimate(smallest) else \
             "for the smallest legal tiles"
         raise LTX25Error(WHERE, "the memory budget", f"{budget_bytes / 2**30:.2f} GiB",
                          f"at least {memory.estimate(smallest) / 2**30:.2f} GiB {why}",
                          "Free device memory, raise memory_budget_gb, or decode a smaller video.")
-    return best[1]
+    return best

@@ -22,13 +22,14 @@ from ..kernels import fused_block
 from ..kernels import na_attention
 from ..files.assets import Kind, expect_kind, read_state_dict
 from .stats import DecodeStats
-from ..device_memory import free_bytes, start_meter
+from .tiling import TilingRequest
+from ..device_memory import free_bytes, start_meter, weight_bytes
 from ..errors import LTX25Error
+from ..geometry import SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION
 from .host_frames import DeviceToHost, DirectCopy, HostFrames, host_copier
 from ..files.keymap import Drop, KeyMap, Rename, Split, load_strict
 from ..latents import denormalize_video
 
-TILING_MODES = ("auto", "off", "manual")
 CLASS_NAME = "CausalDiffusionVAE"
 READ_PREFIXES = ("decoder.", "per_channel_statistics.")
 EMIT_FRAMES = 8  # finished frames converted to [0, 1] and copied out per chunk
@@ -93,8 +94,9 @@ class DiffusionVAEConfig:
                      kernels[:4], tuple(tuple(s) for s, _ in upsamples), tuple(r for _, r in upsamples),
                      tuple(get("stage5_kernel")), dec.get("t_emb_dim", 384), float(get("timestep_scale_multiplier")),
                      int(get("default_num_inference_steps")), output_type)
-        if config.compression != (8, 32):
-            raise unsupported("upsamples × patch_size", config.compression, "(8, 32): the LTX-2.5 latent format")
+        if config.compression != (TEMPORAL_COMPRESSION, SPATIAL_COMPRESSION):
+            raise unsupported("upsamples × patch_size", config.compression,
+                              f"({TEMPORAL_COMPRESSION}, {SPATIAL_COMPRESSION}): the LTX-2.5 latent format")
         return config
 
     @property
@@ -284,43 +286,51 @@ def memory_model(vae: DiffusionVAE, batch: int = 1,
                               stage5_coef=tiling.FUSED_STAGE5_COEF if fused else tiling.DIFFUSERS_STAGE5_COEF)
 
 
-def decode_memory_estimate(vae: DiffusionVAE, latent_shape: tuple[int, ...]) -> int:
-    """Bytes an untiled decode of `[B, 128, T, H, W]` needs beyond the weights: what model management is asked
-    to free before the decode (auto tiling then plans within whatever is actually free). No processor is known
-    yet, so diffusers' block's larger working set is assumed: model management frees a little more than a fused
-    decode uses, never less."""
-    schedule = tiling.build_schedule(vae.config.geometry(), tuple(latent_shape[2:]))
-    return memory_model(vae, latent_shape[0]).estimate(schedule)
+def default_request(vae: DiffusionVAE, mode: str = "auto") -> TilingRequest:
+    """This decoder's tiling defaults: 80-frame, 512-px manual tiles and the smallest safe overlaps of its
+    receptive field (40 frames / 160 px for the released config, less for smaller test models)."""
+    frames, pixels = vae.config.geometry().min_overlap
+    return TilingRequest(mode, tile_frames=80, tile_pixels=512, overlap_frames=frames, overlap_pixels=pixels)
 
 
-def plan(vae: DiffusionVAE, latent_thw: tuple[int, int, int], tiling_mode: str = "auto",
-         tile_frames: int | None = None, tile_pixels: int | None = None, budget_bytes: int | None = None,
+def working_memory(vae: DiffusionVAE, latent_shape: tuple[int, ...], request: TilingRequest | None = None) -> int:
+    """Bytes a decode of `[B, 128, T, H, W]` needs beyond the weights: the manual tiles' for a `manual` request,
+    else the untiled decode's — what model management is asked to free before the decode (auto tiling then plans
+    within whatever is actually free). No processor is known yet, so diffusers' block's larger working set is
+    assumed: model management frees a little more than a fused decode uses, never less."""
+    request = request if request is not None and request.mode == "manual" else default_request(vae, "off")
+    return memory_model(vae, latent_shape[0]).estimate(plan(vae, tuple(latent_shape[2:]), request, None))
+
+
+def plan(vae: DiffusionVAE, latent_thw: tuple[int, int, int], request: TilingRequest, budget_bytes: int | None,
          batch: int = 1, processor: na_attention.NeighborhoodAttnProcessor | None = None) -> tiling.TileSchedule:
-    """The tile schedule a decode of `latent_thw` will use (`off` = one tile, `manual`, `auto` from a budget)."""
-    geometry = vae.config.geometry()
-    if tiling_mode == "off":
+    """The tile schedule a decode of `latent_thw` will use: `off` one tile, `manual` the requested sizes, `auto`
+    the least overlap that fits `budget_bytes` (None = the free device memory), with the requested overlaps."""
+    geometry, overlaps = vae.config.geometry(), (request.overlap_frames, request.overlap_pixels)
+    if request.mode == "off":
         return tiling.build_schedule(geometry, latent_thw)
-    if tiling_mode == "manual":
-        return tiling.build_schedule(geometry, latent_thw, tile_frames, tile_pixels)
-    if tiling_mode != "auto":
-        raise LTX25Error("tiling", "the mode", repr(tiling_mode), " / ".join(TILING_MODES))
-    device = next(vae.parameters()).device
-    budget = free_bytes(device) if budget_bytes is None else budget_bytes
-    return tiling.plan_auto(geometry, latent_thw, budget, memory_model(vae, batch, processor))
+    if request.mode == "manual":
+        return tiling.build_schedule(geometry, latent_thw, request.tile_frames, request.tile_pixels, *overlaps)
+    budget = free_bytes(next(vae.parameters()).device) if budget_bytes is None else budget_bytes
+    return tiling.plan_auto(geometry, latent_thw, budget, memory_model(vae, batch, processor), *overlaps)
 
 
 def decode(vae: DiffusionVAE, latent: torch.Tensor, *,
            processor: str | na_attention.NeighborhoodAttnProcessor = "auto", steps: int = 0, seed: int = 0,
-           tiling_mode: str = "auto", tile_frames: int | None = None, tile_pixels: int | None = None,
-           budget_bytes: int | None = None, scheduler_config: Mapping[str, Any] | None = None,
-           on_step: Callable[[int, int], None] | None = None,
-           out_device: torch.device | str = "cpu") -> tuple[torch.Tensor, DecodeStats]:
+           request: TilingRequest | None = None, free_memory: int | None = None,
+           scheduler_config: Mapping[str, Any] | None = None, on_step: Callable[[int, int], None] | None = None,
+           out_device: torch.device | str = "cpu", where: str = "diffusion VAE decode"
+           ) -> tuple[torch.Tensor, DecodeStats]:
     """Normalized latent `[B, 128, T, H, W]` → frames `[B·F, H·32, W·32, 3]` float in [0, 1] on `out_device`.
 
     `processor`: a name from `na_attention.PROCESSORS` or a processor instance. `steps` 0 = the file's default
-    (1). `budget_bytes`: activation memory `auto` tiling may plan for (None = the free device memory).
-    `on_step(done, total)` runs after every tile×step (progress; raising stops the decode).
+    (1). `request`: the tiling (None = `default_request`); `auto` plans within its memory budget, or within
+    `free_memory` (bytes free on the device with the weights loaded; None = ask the device) when that is 0.
+    `on_step(done, total)` runs after every tile×step (progress; raising stops the decode). `where` names the node
+    in errors.
     """
+    request = default_request(vae) if request is None else request
+    request.check(where)
     config = vae.config
     if latent.ndim != 5 or latent.shape[1] != config.in_channels:
         raise LTX25Error("latent", "the shape", tuple(latent.shape), f"[B, {config.in_channels}, T, H, W]")
@@ -332,8 +342,9 @@ def decode(vae: DiffusionVAE, latent: torch.Tensor, *,
         na_attention.make_processor(processor, device)
     na_attention.install_processor(vae.model, proc)
     fused_block.use_fused_blocks(vae.model, proc.fused_block)
-    schedule = plan(vae, tuple(latent.shape[2:]), tiling_mode, tile_frames, tile_pixels, budget_bytes, latent.shape[0],
-                    proc)
+    budget = request.budget_bytes(weight_bytes(vae), free_bytes(device) if free_memory is None else free_memory,
+                                  where)
+    schedule = plan(vae, tuple(latent.shape[2:]), request, budget, latent.shape[0], proc)
     run = _Decode(vae, schedule, schedule.tiles(), make_stage5_scheduler(scheduler_config), steps, seed, on_step)
     meter = start_meter(device)
     work: dict[str, torch.Tensor] = {}  # every tensor of the decode lives here or in a callee's frame
@@ -352,8 +363,8 @@ def decode(vae: DiffusionVAE, latent: torch.Tensor, *,
         decoder="diffusion", seconds=seconds, peak_memory_bytes=peak,
         tile_count=len(run.tiles), tile_sizes=tuple(t.pixel_shape for t in run.tiles),
         processor=proc.name + (f" ({proc.backend})" if getattr(proc, "backend", "") else ""), steps=steps,
-        extra={"tiling": tiling_mode, "grid": schedule.grid, "overlap": schedule.overlap,
-               "requested_processor": str(processor), "budget_bytes": budget_bytes})
+        extra={"tiling": request.mode, "grid": schedule.grid, "overlap": schedule.overlap,
+               "requested_processor": str(processor), "budget_bytes": budget})
     return frames.reshape(-1, *frames.shape[2:]), stats
 
 

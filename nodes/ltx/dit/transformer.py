@@ -230,11 +230,17 @@ class LTX25Transformer(torch.nn.Module):
                                     first_frame_keyframes_mask(batch, frames, height, width, device))
         return self._grids[key]
 
-    def context(self, cond: Conditioning, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """The text context on the DiT's device/dtype, moved once per conditioning rather than every step."""
-        if self._context is None or self._context[0] is not cond or self._context[1:3] != (device, dtype):
-            self._context = (cond, device, dtype, (cond.video.to(device, dtype), cond.audio.to(device, dtype)))
-        return self._context[3]
+    def context(self, cond: Conditioning, device: torch.device, dtype: torch.dtype,
+                batch: int = 1) -> tuple[torch.Tensor, ...]:
+        """The text context on the DiT's device/dtype for `batch` latents, moved once per conditioning rather than
+        every step; one prompt's context serves every latent of the batch, as in ComfyUI."""
+        key = (device, dtype, batch)
+        if self._context is None or self._context[0] is not cond or self._context[1] != key:
+            video, audio = cond.video.to(device, dtype), cond.audio.to(device, dtype)
+            if video.shape[0] == 1 and batch > 1:
+                video, audio = video.expand(batch, -1, -1), audio.expand(batch, -1, -1)
+            self._context = (cond, key, (video, audio))
+        return self._context[2]
 
 
 def _require_connectors(info) -> None:
@@ -264,18 +270,22 @@ def load_transformer(path: str | os.PathLike, dtype: torch.dtype | None = torch.
     return load_strict(info.path, build, read_state_dict(info.path, dtype), KEY_MAP, dtype)
 
 
-def check_denoise_inputs(config: TransformerConfig, video: torch.Tensor, audio: torch.Tensor, cond: Conditioning) -> None:
+def check_denoise_inputs(config: TransformerConfig, video: torch.Tensor, audio: torch.Tensor, cond: Conditioning,
+                         where: str = "denoise") -> None:
+    """Shapes the DiT accepts; a one-prompt conditioning serves a batch of any size."""
     b = video.shape[0]
+    cb = b if cond.video.shape[0] != 1 else 1
     checks = (("video latent", tuple(video.shape[:2]), (b, config.in_channels), video.ndim == 5),
               ("audio latent", (audio.shape[0], audio.shape[1] * audio.shape[3]) if audio.ndim == 4 else None,
                (b, config.audio_in_channels), audio.ndim == 4),
-              ("video context", (cond.video.shape[0], cond.video.shape[2]), (b, config.cross_attention_dim), True),
-              ("audio context", (cond.audio.shape[0], cond.audio.shape[2]), (b, config.audio_cross_attention_dim),
+              ("video context", (cond.video.shape[0], cond.video.shape[2]), (cb, config.cross_attention_dim), True),
+              ("audio context", (cond.audio.shape[0], cond.audio.shape[2]), (cb, config.audio_cross_attention_dim),
                True))
     for what, found, expected, ok in checks:
         if not ok or found != expected:
-            raise LTX25Error("denoise", f"the {what} (batch, channels)", found, expected,
-                             "Latents are [B,128,F',H',W'] and [B,8,T,16]; the conditioning must match the batch.")
+            raise LTX25Error(where, f"the {what} (batch, channels)", found, expected,
+                             "Latents are [B,128,F',H',W'] and [B,8,T,16]; the conditioning holds one prompt or "
+                             "one per latent of the batch (prompts separated by --- lines, batch on Empty Latent).")
 
 
 def velocity(model: LTX25Transformer, video_tokens: torch.Tensor, audio_tokens: torch.Tensor, sigma: torch.Tensor,
@@ -306,7 +316,7 @@ def denoise(model: LTX25Transformer, video: torch.Tensor, audio: torch.Tensor, s
         grid = model.grid(b, f, h, w, audio.shape[2], fps, device)
         sigma_t = torch.full((b,), float(sigma), dtype=torch.float32, device=device)
         v, a = velocity(model, patchify_video(video).to(device, dtype), patchify_audio(audio).to(device, dtype),
-                        sigma_t, model.context(cond, device, dtype), grid)
+                        sigma_t, model.context(cond, device, dtype, b), grid)
         return x0_from_velocity(video, audio, v, a, sigma, device)
 
 
