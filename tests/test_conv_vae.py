@@ -276,6 +276,51 @@ def test_auto_decode_tiles_under_a_forced_budget_and_reports_each_tile(vae):
     assert stats.extra["estimate_bytes"] <= untiled // 2
 
 
+class _ConstantTiles(torch.nn.Module):
+    """A stand-in decoder that decodes each tile to one raw value: `values[0]` when the frame and column the tile
+    starts at add up to an even number, `values[1]` when odd (read from latent channels 0 and 1, which hold each
+    cell's frame and column). Neighbouring tiles thus disagree across every overlap, as a real decoder's borders do."""
+
+    def __init__(self, values: tuple[float, float]) -> None:
+        super().__init__()
+        self.values = values
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # the decode's device and dtype
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        start = (z[:, 0].amin(dim=(1, 2, 3)) + z[:, 1].amin(dim=(1, 2, 3))).round().long()
+        value = torch.tensor(self.values, device=z.device)[start % 2]
+        frames, height, width = 8 * (z.shape[2] - 1) + 1, 32 * z.shape[3], 32 * z.shape[4]
+        return value.view(-1, 1, 1, 1, 1).expand(-1, 3, frames, height, width).clone()
+
+
+@pytest.mark.parametrize("shape,request_", [
+    ((1, 1, 4), tiling(80, 96, 0, 64)),   # two column tiles sharing two cells
+    ((6, 1, 1), tiling(16, 64, 0, 0)),    # three temporal tiles; the last one's extra overlap goes via the host
+    ((4, 1, 4), tiling(16, 96, 8, 64)),   # 2 × 2 tiles
+])
+def test_tiles_are_blended_before_they_are_clamped(vae, shape, request_):
+    """As the reference: the raw outputs are blended and the blend clamped to [0, 1] once. Tiles decode to raw ±3
+    here, far outside [−1, 1]; the same decode with every raw value v replaced by (v − 1)/4 stays inside, so it
+    gives the unclamped blend b' = (b + 1)/4 of the (x+1)/2-mapped values, and the clamped decode must equal
+    clamp(4b' − 1). Clamping each tile first (or clamping partial sums before a later tile's share is added) moves
+    the overlaps by up to 0.5."""
+    stub = copy.deepcopy(vae)
+    stub.decoder = _ConstantTiles((-3.0, 3.0))
+    stub.latents_mean.zero_()
+    stub.latents_std.fill_(1.0)
+    frames, rows, cols = shape
+    z = torch.zeros(1, 128, *shape)
+    z[0, 0] = torch.arange(frames, dtype=torch.float32).view(-1, 1, 1)
+    z[0, 1] = torch.arange(cols, dtype=torch.float32).view(1, 1, -1)
+    clamped, stats = cv.decode_conv(stub, z, request_)
+    stub.decoder = _ConstantTiles((-1.0, 0.5))
+    inside, _ = cv.decode_conv(stub, z, request_)
+    assert stats.tile_count > 1 and inside.min() >= 0 and inside.max() <= 1
+    expected = (4 * inside - 1).clamp(0, 1)
+    assert 0 < float(expected.mean()) < 1  # both clamps are active somewhere
+    assert torch.allclose(clamped, expected, atol=1e-5), float((clamped - expected).abs().max())
+
+
 def test_interrupt_between_tiles_stops_the_decode(vae):
     """An exception raised by `on_step` (how the bridge interrupts) ends the decode after that tile."""
     class Stop(Exception):

@@ -148,7 +148,6 @@ class ConvVideoVAE(torch.nn.Module):
         self.register_buffer("latents_std", torch.ones(config.latent_channels))
 
 
-
 def load_conv_vae(path: str, dtype: torch.dtype | None = None) -> ConvVideoVAE:
     """Native conv video VAE file → `ConvVideoVAE` (eval, no grad). Refuses a diffusion-VAE or other file by kind."""
     info = expect_kind(path, Kind.CONV_VAE)
@@ -191,9 +190,10 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, request: TilingRequest 
 
     The latent is un-normalized with the file's statistics, cut into the tiles of `decode_plan` (auto: untiled when
     the estimate fits the request's memory budget, or `free_memory`, bytes free on the decoder's device with the
-    weights loaded, when that is 0; None = ask the device, ample on the CPU), each tile decoded and (x+1)/2-clamped
-    — the equal-shaped spatial tiles of one temporal tile stacked into batches as memory allows (`tile_batch`) — and
-    blended on the device; that group's finished frames are streamed into the
+    weights loaded, when that is 0; None = ask the device, ample on the CPU), each tile decoded and mapped to
+    (x+1)/2 — the equal-shaped spatial tiles of one temporal tile stacked into batches as memory allows
+    (`tile_batch`) — and blended on the device, then clamped to [0, 1] (blend, then clamp, as the reference: a tile
+    clamped first pulls the overlap towards its clipped values); that group's finished frames are streamed into the
     CPU output (on CUDA through `DeviceToHost`'s pinned staging on a side stream) while its overlap with the next
     group stays on the device: host memory holds the output plus one group. `on_step(done, total)` runs after every
     tile (progress; it raises to interrupt). `where` names the node in errors. `stack_tiles` (default: on CUDA only,
@@ -225,7 +225,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, request: TilingRequest 
                 chunk = spatial[first:first + stack]  # tiles of one shape, stacked on the batch axis
                 tiles = vae.decoder(torch.cat([z[:, :, t_interval[0]:t_interval[1], r0:r1, c0:c1]
                                                for (_, (r0, r1)), (_, (c0, c1)) in chunk]))
-                rgb = tiles.float().add_(1.0).mul_(0.5).clamp_(0.0, 1.0).permute(0, 2, 3, 4, 1)  # [kB,f,h,w,3]
+                rgb = tiles.float().add_(1.0).mul_(0.5).permute(0, 2, 3, 4, 1)  # [kB,f,h,w,3], clamped once blended
                 for j, ((ri, rows), (ci, cols)) in enumerate(chunk):
                     if len(spatial) == 1:
                         group = rgb
@@ -258,6 +258,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, request: TilingRequest 
             kept = min(p1 - p0 - finished, plan.carried_frames)
             readback = p1 - p0 - finished - kept
             carry = group[:, p1 - p0 - kept:].clone() if kept else None
+            group[:, :finished].clamp_(0.0, 1.0)  # only final frames: the rest are partial sums
             for item in range(batch):
                 to_host.copy(out[item, p0:p1 - kept], group[item, :p1 - p0 - kept])
             del group
