@@ -29,7 +29,7 @@ from nodes.ltx import streaming  # noqa: E402
 from nodes.ltx.conditioning import Conditioning  # noqa: E402
 from nodes.ltx.dit import transformer as T  # noqa: E402
 from nodes.ltx.dit.accelerated_denoise import make_denoiser  # noqa: E402
-from nodes.ltx.dit.sampling import activation_memory_bytes  # noqa: E402
+from nodes.ltx.dit.sampling import working_memory  # noqa: E402
 from nodes.ltx.dit.transformer import SHIPPED_CONFIG, TransformerConfig  # noqa: E402
 from nodes.ltx.errors import LTX25Error  # noqa: E402
 from nodes.tools.tiny.transformer import tiny_config_block, tiny_metadata  # noqa: E402
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                         torch.randn(1, 1024, width_a, device=device, generator=g, dtype=torch.bfloat16))
     inputs = {stage: (torch.randn(v, device=device, generator=g), torch.randn(a, device=device, generator=g))
               for stage, (v, a) in shapes.items()}
-    working = max(activation_memory_bytes(model, v.shape, a.shape) for v, a in inputs.values())
+    working = max(working_memory(model, v.shape, a.shape) for v, a in inputs.values())
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "weights_gib": streaming.tensor_bytes(list(model.state_dict().values()))
               / GIB, "working_gib_estimate": working / GIB, "cards": []}

@@ -20,13 +20,13 @@ class LTX25AudioDecode:
             "audio_latent": ("LATENT", {"tooltip": "Audio latent [B, 8, T, 16] from the sampler."})}}
 
     def decode(self, audio_vae, audio_latent):
-        from ..ltx.audio_vae import check_audio_latent, decode_audio
+        from ..ltx.audio_vae import check_audio_latent, decode_audio, working_memory
         from ..ltx.latents import AUDIO_STREAM, unbind_av
         latent = audio_latent if isinstance(audio_latent, dict) else {"samples": audio_latent}
         # core ComfyUI's joint audio+video latent gives its audio stream, as core's own audio decode takes it
         samples = unbind_av(latent.get("samples"), AUDIO_STREAM, f"{NODE}.audio_latent")
         samples = check_audio_latent(samples, f"{NODE}.audio_latent")
-        vae = audio_vae.ready(audio_vae.module.memory_bytes(tuple(samples.shape)))
+        vae = audio_vae.ready(working_memory(audio_vae.module, tuple(samples.shape)))
         # The LATENT carries the clip's frame rate; with it the decode checks that the audio spans the video.
         audio = decode_audio(vae, samples, fps=latent.get("frame_rate"), where=NODE)
         audio["waveform"] = audio["waveform"].to(bridge.intermediate_device())

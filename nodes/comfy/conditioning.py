@@ -25,9 +25,9 @@ class LTX25Connector:
         }}
 
     def connect(self, model, text_features):
-        from ..ltx.dit.connector import connector_memory_bytes, run_connectors
+        from ..ltx.dit.connector import run_connectors, working_memory
         check_gemma_pairing(model.info, text_features.source)
-        module = model.ready(connector_memory_bytes(model.module, text_features))
+        module = model.ready(working_memory(model.module, text_features))
         return (run_connectors(module, text_features),)
 
 

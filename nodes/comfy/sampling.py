@@ -107,7 +107,7 @@ class LTX25DistilledSampler:
         _check_prompt_count(conditioning, video.shape[0])
         schedule = sampling.parse_sigmas(sigmas or "", "LTX25DistilledSampler.sigmas") or \
             sampling.default_sigmas(int(stage))
-        module = model.ready(sampling.activation_memory_bytes(model.module, video.shape, audio.shape))
+        module = model.ready(sampling.working_memory(model.module, video.shape, audio.shape))
         try:
             video, audio = sampling.sample_distilled(
                 module, conditioning, video, audio, fps=fps, seed=seed, stage=int(stage), sampler=sampler,
@@ -140,7 +140,7 @@ class LTX25LatentUpsample:
         latents.check_upsample_wanted(video_latent, "LTX25LatentUpsample.video_latent")
         latent = latents.unbind_av(video_latent["samples"], latents.VIDEO_STREAM, "LTX25LatentUpsample.video_latent")
         mean, std = ltx_upsampler.latent_statistics(video_vae.module, "LTX25LatentUpsample.video_vae")
-        module = upsampler.ready(ltx_upsampler.upsample_memory_bytes(upsampler.module, latent.shape))
+        module = upsampler.ready(ltx_upsampler.working_memory(upsampler.module, latent.shape))
         try:
             out = ltx_upsampler.upsample_latent(module, latent, mean, std, output_device=bridge.intermediate_device())
         finally:

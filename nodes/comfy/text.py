@@ -21,7 +21,7 @@ def _placement(spec: te.TextEncoderSpec, batch: int):
     def load(module, patcher):
         patcher = patcher or bridge.make_patcher(module)
         try:
-            bridge.load_models([patcher], te.memory_required(spec, batch))
+            bridge.load_models([patcher], te.working_memory(spec, batch))
         except BaseException:  # e.g. out of memory while loading: the engine never gets a handle to release
             bridge.unload_model(patcher)
             raise

@@ -175,9 +175,11 @@ class AudioVAE(torch.nn.Module):
         """Output samples per mel frame (480 at 48 kHz: hop 160 at 16 kHz, ×3)."""
         return self.config.mel_hop_length * self.sample_rate // self.config.sample_rate
 
-    def memory_bytes(self, latent_shape: tuple[int, ...]) -> int:
-        """Working memory: ~256 MiB per second of fp32 vocoder activations (BWE at 48 kHz dominates)."""
-        return int(latent_shape[0] * latent_shape[2] / 25 * 256 * 2**20)
+
+def working_memory(vae: AudioVAE, latent_shape: tuple[int, ...]) -> int:
+    """Bytes a decode of `[B, 8, T, 16]` needs beyond the weights: ~256 MiB per second of fp32 vocoder activations
+    (BWE at 48 kHz dominates)."""
+    return int(latent_shape[0] * latent_shape[2] / AUDIO_LATENTS_PER_SECOND * 256 * 2**20)
 
 
 def _finish_vocoder(vae: AudioVAE) -> None:

@@ -107,8 +107,9 @@ def load_upsampler(path: str, dtype: torch.dtype | None = None) -> LTX2LatentUps
                        dtype)
 
 
-def upsample_memory_bytes(upsampler: LTX2LatentUpsamplerModel, latent_shape) -> int:
-    """Working memory: ~6 live `mid_channels` maps at the x2 size (conv in/out, norm, residual), plus fp32 I/O."""
+def working_memory(upsampler: LTX2LatentUpsamplerModel, latent_shape: tuple[int, ...]) -> int:
+    """Bytes an upsample of `[B, 128, F, H, W]` needs beyond the weights: ~6 live `mid_channels` maps at the x2 size
+    (conv in/out, norm, residual), plus fp32 I/O."""
     b, c, f, h, w = latent_shape
     itemsize = next(upsampler.parameters()).element_size()
     return b * f * h * w * 4 * (upsampler.config.mid_channels * 6 * itemsize + c * 3 * 4)

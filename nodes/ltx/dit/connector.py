@@ -207,9 +207,9 @@ def run_connectors(model: torch.nn.Module, features: TextFeatures) -> Conditioni
         return Conditioning(video=video.to(out), audio=audio.to(out))
 
 
-def connector_memory_bytes(model: torch.nn.Module, features: TextFeatures) -> int:
-    """Working memory of `run_connectors`: tokens × width × ~12 live values (q/k/v, 4× FF hidden, residual) per
-    stream at the weights' element size, plus the L×L attention scores per head."""
+def working_memory(model: torch.nn.Module, features: TextFeatures) -> int:
+    """Bytes `run_connectors` needs beyond the weights: tokens × width × ~12 live values (q/k/v, 4× FF hidden,
+    residual) per stream at the weights' element size, plus the L×L attention scores per head."""
     config: ConnectorConfig = model.connectors.config
     b, length = features.mask.shape
     itemsize = model.connectors.video.learnable_registers.element_size()

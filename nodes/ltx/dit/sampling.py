@@ -183,10 +183,11 @@ def stream_widths(model: torch.nn.Module) -> tuple[int, int]:
     return REAL_WIDTHS
 
 
-def activation_memory_bytes(model: torch.nn.Module, video_shape: Sequence[int], audio_shape: Sequence[int],
-                            context_tokens: int = 1024) -> int:
-    """Working memory of one DiT forward: tokens × width × ~16 live values (q/k/v, attention out, the 4× FF hidden,
-    residuals) for both streams and their 1024-token text contexts, at the weights' element size."""
+def working_memory(model: torch.nn.Module, video_shape: Sequence[int], audio_shape: Sequence[int],
+                   context_tokens: int = 1024) -> int:
+    """Bytes one DiT forward on `[B, 128, F', H', W']` + `[B, 8, T, 16]` needs beyond the weights: tokens × width ×
+    ~16 live values (q/k/v, attention out, the 4× FF hidden, residuals) for both streams and their 1024-token text
+    contexts, at the weights' element size."""
     (video_width, audio_width), itemsize = stream_widths(model), next(model.parameters()).element_size()
     b, _, f, h, w = video_shape
     return b * ((f * h * w + context_tokens) * video_width + (audio_shape[2] + context_tokens) * audio_width) \

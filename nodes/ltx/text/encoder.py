@@ -189,8 +189,9 @@ def load_text_encoder(spec: TextEncoderSpec) -> TextEncoderModule:
     return load_strict(spec.path, build, native, KEY_MAP, spec.dtype, init_buffers)
 
 
-def memory_required(spec: TextEncoderSpec, batch: int) -> int:
-    """Activation bytes for one batched encode: ~3 copies of the [B, T, D, L] stack + the MLP intermediates."""
+def working_memory(spec: TextEncoderSpec, batch: int) -> int:
+    """Bytes one batched encode of `batch` prompts needs beyond the weights: ~3 copies of the [B, T, D, L] stack + the
+    MLP intermediates."""
     text, elem = spec.text_config, torch.finfo(spec.dtype or torch.bfloat16).bits // 8  # None: as stored, bf16
     return batch * MAX_TOKENS * (3 * text.hidden_size * spec.num_states + 4 * text.intermediate_size) * elem
 
