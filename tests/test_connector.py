@@ -48,7 +48,7 @@ def features(source, n: int, side: str = "left", pad_value: float = 0.0, seed: i
 # ---------------------------------------------------------------------------------------------------- config
 def test_connector_config_keeps_shipped_max_pos_4096(transformer):
     """The shipped connector_positional_embedding_max_pos [4096] reaches the RoPE (code default is [1])."""
-    assert C.ConnectorConfig.from_block("shipped", SHIPPED_CONFIG).max_pos == (4096,)
+    assert C.ConnectorConfig.from_metadata("shipped", {"config": {"transformer": SHIPPED_CONFIG}}).max_pos == (4096,)
     assert transformer.connectors.config.max_pos == (4096,)
     assert transformer.connectors.video.rope.base_seq_len == 4096 and transformer.connectors.audio.rope.base_seq_len == 4096
     assert transformer.connectors.video.rope.theta == 10000.0, "the connector uses its own theta, not the config's"
@@ -59,7 +59,7 @@ def test_missing_connector_max_pos_is_refused_not_defaulted():
     """ltx-core's default [1] silently gives angles 4096× too large; a file without the key is refused by name."""
     block = {k: v for k, v in tiny_config_block().items() if k != "connector_positional_embedding_max_pos"}
     with pytest.raises(LTX25Error, match="connector_positional_embedding_max_pos"):
-        C.ConnectorConfig.from_block("stripped.safetensors", block)
+        C.ConnectorConfig.from_metadata("stripped.safetensors", {"config": {"transformer": block}})
 
 
 @pytest.mark.parametrize("key,value", [("connector_ff_bias", False), ("connector_num_learnable_registers", 64),
@@ -67,7 +67,8 @@ def test_missing_connector_max_pos_is_refused_not_defaulted():
 def test_unsupported_connector_values_are_refused(key, value):
     """Values the reference modules cannot express raise LTX25Error naming the key."""
     with pytest.raises(LTX25Error, match=key):
-        C.ConnectorConfig.from_block("odd.safetensors", {**tiny_config_block(), key: value})
+        C.ConnectorConfig.from_metadata("odd.safetensors",
+                                        {"config": {"transformer": {**tiny_config_block(), key: value}}})
 
 
 def test_connector_max_pos_changes_the_output(transformer, te_info):

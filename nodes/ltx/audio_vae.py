@@ -20,6 +20,7 @@ from diffusers.models.autoencoders.autoencoder_kl_ltx2_audio import LATENT_DOWNS
 from diffusers.pipelines.ltx2.vocoder import LTX2VocoderWithBWE, UpSample1d
 
 from .files.assets import Kind, expect_kind, read_state_dict
+from .files.config import config_field
 from .errors import LTX25Error
 from .files.keymap import Drop, KeyMap, Rename, load_strict
 from .geometry import (AUDIO_BINS, AUDIO_CHANNELS, AUDIO_LATENTS_PER_SECOND, TEMPORAL_COMPRESSION,
@@ -51,13 +52,7 @@ KEY_MAP = KeyMap(
 )
 
 
-def _section(where: str, node: Any, path: str) -> Mapping[str, Any]:
-    for key in path.split("."):
-        node = node.get(key) if isinstance(node, Mapping) else None
-    if not isinstance(node, Mapping):
-        raise LTX25Error(where, f"metadata {path}", type(node).__name__, "a JSON object",
-                         "The file's metadata was stripped or is from an older LTX release.")
-    return node
+_STRIPPED = "The file's metadata was stripped or is from an older LTX release."
 
 
 @dataclass(frozen=True)
@@ -80,26 +75,24 @@ class AudioVAEConfig:
 
     @classmethod
     def from_metadata(cls, where: str, metadata: Mapping[str, Any]) -> "AudioVAEConfig":
-        audio = _section(where, metadata, "config.audio_vae")
-        dd = _section(where, audio, "model.params.ddconfig")
-        params = audio["model"]["params"]
-        stft = audio.get("preprocessing", {}).get("stft", {})
+        field = lambda path, *a, **k: config_field(where, metadata, f"audio_vae.{path}", *a, **k)  # noqa: E731
+        dd = lambda key, *a, **k: field(f"model.params.ddconfig.{key}", *a, **k)  # noqa: E731
+        field("model.params.ddconfig", kind=Mapping, hint=_STRIPPED)
         fixed = {"norm_type": ("pixel", "pixel"), "causality_axis": ("height", "height"),
                  "mid_block_add_attention": (True, False), "attn_resolutions": ([8, 16, 32], []),
                  "z_channels": (8, LATENT_CHANNELS), "mel_bins": (None, 64), "out_ch": (2, 2)}
-        mel = audio.get("preprocessing", {}).get("mel", {})
+        mel_channels = field("preprocessing.mel.n_mel_channels", None)
         for key, (default, wanted) in fixed.items():
             # like the reference, a ddconfig without mel_bins takes the preprocessing's n_mel_channels
-            value = dd.get(key, mel.get("n_mel_channels") if key == "mel_bins" else default)
-            if (list(value) if isinstance(value, (list, tuple)) else value) != wanted:
-                raise LTX25Error(where, f"config.audio_vae…ddconfig.{key}", value, repr(wanted),
-                                 "LTX-2.5 audio VAE files ship this value; the file is from another model.")
-        made = cls(ch=int(dd.get("ch", 128)), out_ch=2, ch_mult=tuple(dd.get("ch_mult", (1, 2, 4))),
-                   num_res_blocks=int(dd.get("num_res_blocks", 2)), resolution=int(dd.get("resolution", 256)),
-                   z_channels=LATENT_CHANNELS, mel_bins=64, in_channels=int(dd.get("in_channels", 2)),
-                   double_z=bool(dd.get("double_z", True)), dropout=float(dd.get("dropout", 0.0)),
-                   sample_rate=int(params.get("sampling_rate", 16000)),
-                   mel_hop_length=int(stft.get("hop_length", 160)), is_causal=bool(stft.get("causal", True)))
+            dd(key, mel_channels if key == "mel_bins" else default, allowed=(wanted,),
+               hint="LTX-2.5 audio VAE files ship this value; the file is from another model.")
+        made = cls(ch=int(dd("ch", 128)), out_ch=2, ch_mult=tuple(dd("ch_mult", (1, 2, 4))),
+                   num_res_blocks=int(dd("num_res_blocks", 2)), resolution=int(dd("resolution", 256)),
+                   z_channels=LATENT_CHANNELS, mel_bins=64, in_channels=int(dd("in_channels", 2)),
+                   double_z=bool(dd("double_z", True)), dropout=float(dd("dropout", 0.0)),
+                   sample_rate=int(field("model.params.sampling_rate", 16000)),
+                   mel_hop_length=int(field("preprocessing.stft.hop_length", 160)),
+                   is_causal=bool(field("preprocessing.stft.causal", True)))
         if made.mel_bins // 2 ** (len(made.ch_mult) - 1) != LATENT_BINS:
             raise LTX25Error(where, "config.audio_vae…ddconfig.ch_mult", list(made.ch_mult),
                              f"{LATENT_DOWNSAMPLE_FACTOR}× mel downsampling (3 levels) so 64 mel bins give "
@@ -138,11 +131,12 @@ def _generator_kwargs(where: str, cfg: Mapping[str, Any], prefix: str, stage: st
 
 def vocoder_kwargs(where: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
     """`config.vocoder` = {"vocoder": stage 1 (mel → 16 kHz), "bwe": stage 2 + STFT/rates} → `LTX2VocoderWithBWE`."""
-    cfg = _section(where, metadata, "config.vocoder")
-    if "bwe" not in cfg:
+    config_field(where, metadata, "vocoder", kind=Mapping, hint=_STRIPPED)
+    if config_field(where, metadata, "vocoder.bwe", None) is None:
         raise LTX25Error(where, "config.vocoder", "a single vocoder (LTX-2.0 layout)", "vocoder + bwe (LTX-2.3/2.5)",
                          "This pack runs the LTX-2.5 audio VAE file.")
-    stage1, bwe = _section(where, cfg, "vocoder"), _section(where, cfg, "bwe")
+    stage1, bwe = (config_field(where, metadata, f"vocoder.{part}", kind=Mapping, hint=_STRIPPED)
+                   for part in ("vocoder", "bwe"))
     # The reference builds the mel STFT with win_length = n_fft (its `win_size` field is not read).
     return {**_generator_kwargs(where, stage1, "", "vocoder", True),
             **_generator_kwargs(where, bwe, "bwe_", "bwe", False),

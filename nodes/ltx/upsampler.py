@@ -14,6 +14,7 @@ from diffusers.pipelines.ltx2.latent_upsampler import (RATIONAL_RESAMPLER_SCALE_
                                                        LTX2LatentUpsamplerModel)
 
 from .files.assets import Kind, expect_kind, read_state_dict
+from .files.config import config_field
 from .errors import LTX25Error
 from .files.keymap import KeyMap, load_strict
 from .geometry import VIDEO_CHANNELS
@@ -42,12 +43,9 @@ class UpsamplerConfig:
 
     @classmethod
     def from_metadata(cls, where: str, metadata: Mapping[str, Any]) -> "UpsamplerConfig":
-        config = metadata.get("config")
-        if not isinstance(config, Mapping):
-            raise LTX25Error(where, "metadata 'config'", type(config).__name__, "a JSON object (flat upsampler config)")
-        if config.get("_class_name") != "LatentUpsampler":
-            raise LTX25Error(where, "config._class_name", config.get("_class_name"), "'LatentUpsampler'")
-        known = {k: config[k] for k in cls.__dataclass_fields__ if k in config}
+        config = config_field(where, metadata, "", kind=Mapping, hint="The upsampler file keeps a flat config there.")
+        config_field(where, metadata, "_class_name", None, allowed=("LatentUpsampler",))
+        known = {k: config_field(where, metadata, k) for k in cls.__dataclass_fields__ if k in config}
         made = cls(**known)
         made._check(where)
         return made

@@ -21,6 +21,7 @@ import torch
 from diffusers.models.autoencoders.autoencoder_kl_ltx2 import LTX2VideoDecoder3d
 
 from ..files.assets import Kind, expect_kind, read_state_dict
+from ..files.config import config_field
 from .conv_tiling import CostModel, TilePlan, plan_tiles, spatial_pixels, temporal_pixels, tile_batch
 from .tiling import TilingRequest
 from .stats import DecodeStats
@@ -78,22 +79,20 @@ class ConvVAEConfig:
 
     @classmethod
     def from_metadata(cls, where: str, metadata: Mapping[str, Any]) -> "ConvVAEConfig":
-        config = metadata.get("config", {})
-        vae = config.get("vae") if isinstance(config, Mapping) else None
-        if not isinstance(vae, Mapping):
-            raise LTX25Error(where, "metadata config.vae", type(vae).__name__, "a JSON object (the conv VAE config)")
-        if vae.get("_class_name") != "CausalVideoAutoencoder":
-            raise LTX25Error(where, "config.vae._class_name", vae.get("_class_name"), "'CausalVideoAutoencoder'",
+        field = lambda key, *a, **k: config_field(where, metadata, f"vae.{key}", *a, **k)  # noqa: E731
+        config_field(where, metadata, "vae", kind=Mapping, hint="The conv VAE file keeps its config there.")
+        class_name = field("_class_name", None)
+        if class_name != "CausalVideoAutoencoder":
+            raise LTX25Error(where, "config.vae._class_name", class_name, "'CausalVideoAutoencoder'",
                              "A CausalDiffusionVAE file is the diffusion decoder: load it for the Diffusion VAE "
-                             "Decode node." if vae.get("_class_name") == "CausalDiffusionVAE" else "")
+                             "Decode node." if class_name == "CausalDiffusionVAE" else "")
         fixed = {"dims": (3, 3), "in_channels": (3, 3), "out_channels": (3, 3),
                  "norm_layer": ("pixel_norm", "pixel_norm"), "timestep_conditioning": (True, False),
                  "latent_channels": (LATENT_CHANNELS, LATENT_CHANNELS)}
         for key, (default, wanted) in fixed.items():
-            if vae.get(key, default) != wanted:
-                raise LTX25Error(where, f"config.vae.{key}", vae.get(key, default), repr(wanted),
-                                 "LTX-2.5 conv VAE files ship this value; the file is from another model.")
-        blocks = [_block_params(where, "config.vae.decoder_blocks", b) for b in vae.get("decoder_blocks", [])]
+            field(key, default, allowed=(wanted,),
+                  hint="LTX-2.5 conv VAE files ship this value; the file is from another model.")
+        blocks = [_block_params(where, "config.vae.decoder_blocks", b) for b in field("decoder_blocks", [])]
         names = [n for n, _ in blocks]
         if len(blocks) != 9 or any(n != "res_x" for n in names[::2]) or any(n not in UPSAMPLER_KINDS
                                                                           for n in names[1::2]):
@@ -102,18 +101,16 @@ class ConvVAEConfig:
         if any(p.get("inject_noise", False) for _, p in blocks[::2]):
             raise LTX25Error(where, "config.vae.decoder_blocks inject_noise", True, "false (LTX-2.5)")
         upsamplers = tuple((n, int(p.get("multiplier", 1)), bool(p.get("residual", False))) for n, p in blocks[1::2])
-        patch = int(vae.get("patch_size", 4))
+        patch = int(field("patch_size", 4))
         spatial = patch * 2 ** sum(_STRIDES[UPSAMPLER_KINDS[n]][1] == 2 for n, _, _ in upsamplers)
         temporal = 2 ** sum(_STRIDES[UPSAMPLER_KINDS[n]][0] == 2 for n, _, _ in upsamplers)
         if (spatial, temporal) != (SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION):
             raise LTX25Error(where, "config.vae compression (patch_size × decoder upsamplers)",
                              f"{spatial}×{spatial}×{temporal}", f"{SPATIAL_COMPRESSION}×{SPATIAL_COMPRESSION}×"
                              f"{TEMPORAL_COMPRESSION} (the LTX-2.5 latent grid)")
-        padding = vae.get("spatial_padding_mode", "reflect")
-        if padding not in ("zeros", "reflect", "replicate", "circular"):
-            raise LTX25Error(where, "config.vae.spatial_padding_mode", padding, "zeros, reflect, replicate or circular")
-        return cls(LATENT_CHANNELS, patch, int(vae.get("decoder_base_channels", 128)),
-                   bool(vae.get("causal_decoder", False)), padding,
+        padding = field("spatial_padding_mode", "reflect", allowed=("zeros", "reflect", "replicate", "circular"))
+        return cls(LATENT_CHANNELS, patch, int(field("decoder_base_channels", 128)),
+                   bool(field("causal_decoder", False)), padding,
                    tuple(int(p["num_layers"]) for _, p in blocks[::2]), upsamplers)
 
     def decoder_kwargs(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from . import diffusion_tiling as tiling
 from ..kernels import fused_block
 from ..kernels import na_attention
 from ..files.assets import Kind, expect_kind, read_state_dict
+from ..files.config import config_field
 from .stats import DecodeStats
 from .tiling import TilingRequest
 from ..device_memory import free_bytes, start_meter, weight_bytes
@@ -56,44 +57,34 @@ class DiffusionVAEConfig:
 
     @classmethod
     def from_metadata(cls, where: object, metadata: Mapping[str, Any]) -> "DiffusionVAEConfig":
-        root = metadata.get("config")
-        vae = root.get("vae") if isinstance(root, Mapping) else None
-        if not isinstance(vae, Mapping) or vae.get("_class_name") != CLASS_NAME:
-            found = vae.get("_class_name") if isinstance(vae, Mapping) else "absent"
-            raise LTX25Error(where, "config.vae._class_name", found, CLASS_NAME, "This is not a diffusion VAE file.")
-        dec = vae.get("decoder")
-        if not isinstance(dec, Mapping):
-            raise LTX25Error(where, "config.vae.decoder", "absent", "the nested decoder config block")
-
-        def need(block: Mapping | None, key: str, prefix: str) -> Any:
-            if not isinstance(block, Mapping) or key not in block:
-                raise LTX25Error(where, f"{prefix}{key}", "absent", "a value in the file's metadata",
-                                 "The reference code's default differs from the release; refusing to guess.")
-            return block[key]
+        class_name = config_field(where, metadata, "vae._class_name", "absent")
+        if class_name != CLASS_NAME:
+            raise LTX25Error(where, "config.vae._class_name", class_name, CLASS_NAME,
+                             "This is not a diffusion VAE file.")
+        config_field(where, metadata, "vae.decoder", kind=Mapping, hint="The nested decoder config block is missing.")
 
         def get(key: str) -> Any:
-            return need(dec, key, "config.vae.decoder.")
+            return config_field(where, metadata, f"vae.decoder.{key}",
+                                hint="The reference code's default differs from the release; refusing to guess.")
 
         def unsupported(key: str, found: Any, expected: Any) -> LTX25Error:
             return LTX25Error(where, f"config.vae.decoder.{key}", found, expected, "Not an LTX-2.5 diffusion VAE.")
 
         for key, allowed in (("resampler_kind", "linear"), ("spatial_padding_mode", "zeros")):
-            if key in dec and dec[key] != allowed:
-                raise unsupported(key, dec[key], allowed)
+            config_field(where, metadata, f"vae.decoder.{key}", allowed, allowed=(allowed,),
+                         hint="Not an LTX-2.5 diffusion VAE.")
         channels, depths = tuple(get("stage_channels")), tuple(get("stage_depths"))
         kernels, upsamples = tuple(tuple(k) for k in get("stage_kernels")), get("upsamples")
         if len(channels) != 5 or len(depths) != 5 or len(kernels) < 4 or len(upsamples) != 4:
             raise unsupported("stage lists", (len(channels), len(depths), len(kernels), len(upsamples)),
                               "5 channels, 5 depths, ≥4 kernels, 4 upsamples")
-        if dec.get("stage5_channels", channels[-1]) != channels[-1]:
-            raise unsupported("stage5_channels", dec["stage5_channels"], f"stage_channels[-1] = {channels[-1]}")
-        output_type = need(vae, "model_output_type", "config.vae.")
-        if output_type not in ("x0", "v"):
-            raise LTX25Error(where, "config.vae.model_output_type", output_type, "'x0' or 'v'")
+        config_field(where, metadata, "vae.decoder.stage5_channels", channels[-1], allowed=(channels[-1],),
+                     hint="Stage 5 runs at the width of stage_channels[-1]; not an LTX-2.5 diffusion VAE.")
+        output_type = config_field(where, metadata, "vae.model_output_type", allowed=("x0", "v"))
         config = cls(get("in_channels"), get("out_channels"), get("patch_size"), get("head_dim"), channels, depths,
                      kernels[:4], tuple(tuple(s) for s, _ in upsamples), tuple(r for _, r in upsamples),
-                     tuple(get("stage5_kernel")), dec.get("t_emb_dim", 384), float(get("timestep_scale_multiplier")),
-                     int(get("default_num_inference_steps")), output_type)
+                     tuple(get("stage5_kernel")), config_field(where, metadata, "vae.decoder.t_emb_dim", 384),
+                     float(get("timestep_scale_multiplier")), int(get("default_num_inference_steps")), output_type)
         if config.compression != (TEMPORAL_COMPRESSION, SPATIAL_COMPRESSION):
             raise unsupported("upsamples × patch_size", config.compression,
                               f"({TEMPORAL_COMPRESSION}, {SPATIAL_COMPRESSION}): the LTX-2.5 latent format")

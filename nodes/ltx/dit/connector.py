@@ -28,43 +28,17 @@ from diffusers.pipelines.ltx2.connectors import LTX2ConnectorTransformer1d
 
 from ..conditioning import Conditioning, TextFeatures
 from ..errors import LTX25Error
+from ..files.config import REQUIRED, config_field
 from ..files.keymap import Rename
 
 NUM_REGISTERS = 128          # not configurable in the reference; 1024 tokens = 8 × 128
 CONNECTOR_ROPE_THETA = 10000.0  # the connector's own hard default: the config's positional_embedding_theta is NOT used
-REQUIRED = object()  # `config_field` default: the key must be in the file
-
-
-def config_field(where: str, block: Mapping[str, Any], key: str, default: Any = REQUIRED,
-                 allowed: tuple | None = None, kind: type | tuple[type, ...] | None = None) -> Any:
-    """One native `config.transformer` field: its value, `default` when absent, LTX25Error when absent without a
-    default, of the wrong type, or outside `allowed`."""
-    name = f"config.transformer.{key}"
-    if key not in block:
-        if default is REQUIRED:
-            raise LTX25Error(where, name, "absent", "a value in the file's metadata",
-                             "The reference default for this field is wrong for every released model; the metadata "
-                             "was probably stripped by a repack. Use the official file.")
-        return default
-    value = block[key]
-    if kind is not None and (not isinstance(value, kind) or isinstance(value, bool) and bool not in _tuple(kind)):
-        raise LTX25Error(where, name, repr(value), f"a {' or '.join(k.__name__ for k in _tuple(kind))}")
-    if allowed is not None and value not in allowed:
-        raise LTX25Error(where, name, repr(value), " or ".join(map(repr, allowed)),
-                         "This pack runs the LTX-2.5 architecture only.")
-    return value
-
-
-def _tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kind if isinstance(kind, tuple) else (kind,)
-
-
-def positive_ints(where: str, block: Mapping[str, Any], key: str, length: int, default: Any = REQUIRED) -> tuple:
-    """A list field of `length` positive numbers (max_pos lists), as a tuple."""
-    value = config_field(where, block, key, default, kind=(list, tuple))
+def positive_ints(where: str, metadata: Mapping[str, Any], path: str, length: int, default: Any = REQUIRED) -> tuple:
+    """A list field of `length` positive numbers (max_pos lists) at `path` under `config`, as a tuple."""
+    value = config_field(where, metadata, path, default, kind=(list, tuple))
     if len(value) != length or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
                                        for v in value):
-        raise LTX25Error(where, f"config.transformer.{key}", repr(value), f"a list of {length} positive numbers")
+        raise LTX25Error(where, f"config.{path}", repr(value), f"a list of {length} positive numbers")
     return tuple(value)
 
 
@@ -91,15 +65,16 @@ class ConnectorConfig:
         return self.audio_heads * self.audio_head_dim
 
     @classmethod
-    def from_block(cls, where: str, block: Mapping[str, Any]) -> "ConnectorConfig":
-        """Parse the connector fields of a native `config.transformer` dict."""
-        get = lambda key, default, kind=int: config_field(where, block, key, default, kind=kind)  # noqa: E731
+    def from_metadata(cls, where: str, metadata: Mapping[str, Any]) -> "ConnectorConfig":
+        """Parse the connector fields of the file's native `config.transformer`."""
+        field = lambda key, *a, **k: config_field(where, metadata, f"transformer.{key}", *a, **k)  # noqa: E731
+        get = lambda key, default, kind=int: field(key, default, kind=kind)  # noqa: E731
         video_heads, video_head_dim = get("connector_num_attention_heads", 30), get("connector_attention_head_dim", 128)
         video_layers = get("connector_num_layers", 2)
         # Fixed in the reference modules (no switch): refuse a file that asks for something else.
-        config_field(where, block, "connector_ff_bias", True, allowed=(True,))
-        config_field(where, block, "connector_norm_output", True, allowed=(True,))
-        config_field(where, block, "connector_num_learnable_registers", NUM_REGISTERS, allowed=(NUM_REGISTERS,))
+        field("connector_ff_bias", True, allowed=(True,))
+        field("connector_norm_output", True, allowed=(True,))
+        field("connector_num_learnable_registers", NUM_REGISTERS, allowed=(NUM_REGISTERS,))
         return cls(
             video_heads=video_heads, video_head_dim=video_head_dim, video_layers=video_layers,
             audio_heads=get("audio_connector_num_attention_heads", video_heads),
@@ -107,10 +82,9 @@ class ConnectorConfig:
             audio_layers=get("audio_connector_num_layers", video_layers),
             gated_attention=get("connector_apply_gated_attention", False, bool),
             # No default: ltx-core's [1] silently turns positions 0..1023 into angles 4096× too large.
-            max_pos=positive_ints(where, block, "connector_positional_embedding_max_pos", 1),
-            double_precision=config_field(where, block, "frequencies_precision", "float32",
-                                          allowed=("float64", "float32")) == "float64",
-            rope_type=config_field(where, block, "rope_type", "split", allowed=("split",)))
+            max_pos=positive_ints(where, metadata, "transformer.connector_positional_embedding_max_pos", 1),
+            double_precision=field("frequencies_precision", "float32", allowed=("float64", "float32")) == "float64",
+            rope_type=field("rope_type", "split", allowed=("split",)))
 
 
 class LTX25Connectors(torch.nn.Module):

@@ -25,9 +25,9 @@ import torch
 from diffusers import LTX2VideoTransformer3DModel
 
 from ..files.assets import Kind, expect_kind, read_state_dict
+from ..files.config import REQUIRED, config_field
 from ..conditioning import Conditioning
-from .connector import (CONNECTOR_PREFIXES, CONNECTOR_RENAMES, REQUIRED, ConnectorConfig, LTX25Connectors,
-                        config_field, positive_ints)
+from .connector import CONNECTOR_PREFIXES, CONNECTOR_RENAMES, ConnectorConfig, LTX25Connectors, positive_ints
 from ..errors import LTX25Error
 from ..files.keymap import KeyMap, Rename, load_strict
 from ..kernels.quantized_linear import load_keeping_quantized
@@ -100,16 +100,15 @@ class TransformerConfig:
     @classmethod
     def from_metadata(cls, where: str, metadata: Mapping[str, Any]) -> "TransformerConfig":
         """Parse `metadata["config"]["transformer"]`; an unsupported value raises LTX25Error naming its key."""
-        block = (metadata.get("config") or {}).get("transformer") if isinstance(metadata, Mapping) else None
-        if not isinstance(block, Mapping):
-            raise LTX25Error(where, "metadata config.transformer", "absent", "the architecture block of the file",
-                             "The metadata was stripped; use the official transformer file.")
+        config_field(where, metadata, "transformer", kind=Mapping,
+                     hint="The metadata was stripped; use the official transformer file.")
+        field = lambda key, *a, **k: config_field(where, metadata, f"transformer.{key}", *a, **k)  # noqa: E731
         for key, expected in FIXED_VALUES.items():
             # ltx-core refuses a missing invariant too; we accept absence except where its default means 2.0.
             default = REQUIRED if key == "caption_proj_before_connector" else expected
-            config_field(where, block, key, default, allowed=(expected,))
+            field(key, default, allowed=(expected,))
         num, flag = (int, float), bool
-        get = lambda key, default, kind=int: config_field(where, block, key, default, kind=kind)  # noqa: E731
+        get = lambda key, default, kind=int: field(key, default, kind=kind)  # noqa: E731
         config = cls(
             num_layers=get("num_layers", 48), heads=get("num_attention_heads", 32),
             head_dim=get("attention_head_dim", 128), in_channels=get("in_channels", 128),
@@ -119,18 +118,17 @@ class TransformerConfig:
             audio_out_channels=get("audio_out_channels", 128),
             audio_cross_attention_dim=get("audio_cross_attention_dim", 2048),
             theta=get("positional_embedding_theta", 10000.0, num),
-            max_pos=positive_ints(where, block, "positional_embedding_max_pos", 3, [20, 2048, 2048]),
-            audio_max_pos=positive_ints(where, block, "audio_positional_embedding_max_pos", 1, [20]),
+            max_pos=positive_ints(where, metadata, "transformer.positional_embedding_max_pos", 3, [20, 2048, 2048]),
+            audio_max_pos=positive_ints(where, metadata, "transformer.audio_positional_embedding_max_pos", 1, [20]),
             timestep_scale_multiplier=get("timestep_scale_multiplier", 1000, num),
-            av_ca_timestep_scale_multiplier=config_field(where, block, "av_ca_timestep_scale_multiplier", kind=num),
-            double_precision=config_field(where, block, "frequencies_precision", "float32",
-                                          allowed=("float64", "float32")) == "float64",
+            av_ca_timestep_scale_multiplier=field("av_ca_timestep_scale_multiplier", kind=num),
+            double_precision=field("frequencies_precision", "float32", allowed=("float64", "float32")) == "float64",
             norm_eps=get("norm_eps", 1e-6, num), gated_attention=get("apply_gated_attention", False, flag),
             cross_attention_adaln=get("cross_attention_adaln", False, flag),
             use_prompt_adaln_single=get("use_prompt_adaln_single", True, flag), ff_bias=get("ff_bias", True, flag),
             audio_ff_bias=get("audio_ff_bias", True, flag),
             use_keyframes_abs_pos_embedding=get("use_keyframes_abs_pos_embedding", False, flag),
-            connector=ConnectorConfig.from_block(where, block))
+            connector=ConnectorConfig.from_metadata(where, metadata))
         config._check(where)
         return config
 
