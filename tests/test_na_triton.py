@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nodes.ltx import compat
 from nodes.ltx.kernels import na_triton
 from test_na_attention import _dense_reference, _qkv
 
@@ -68,10 +69,10 @@ def test_triton_processor_inside_the_tiny_decoder(tiny_file, monkeypatch):
     monkeypatch.setattr(na_triton, "norm_rope", spy)
     with torch.inference_mode():
         na.install_processor(vae.model, na.SdpaNAProcessor())
-        ref = dv.stages_1_to_3(vae.model.decoder, latent)
+        ref = compat.stages_1_to_3_before_last_upsample(vae.model.decoder, latent)
         assert not fused_calls  # the reference processors keep the unfused projection
         na.install_processor(vae.model, na.TritonNAProcessor())
-        got = dv.stages_1_to_3(vae.model.decoder, latent)
+        got = compat.stages_1_to_3_before_last_upsample(vae.model.decoder, latent)
     assert fused_calls  # the triton processor's projection is the fused norm + RoPE pass
     assert torch.allclose(got, ref, atol=1e-4), f"max diff {(got - ref).abs().max():.3e}"
 

@@ -18,6 +18,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.models.autoencoders.ltx2_diffusion_decoder import LTX2VideoDiffusionDecoderModel
 
 from . import diffusion_tiling as tiling
+from .. import compat
 from ..kernels import fused_block
 from ..kernels import na_attention
 from ..files.assets import Kind, expect_kind, read_state_dict
@@ -225,25 +226,11 @@ def run_stage5(predict: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x_
 
 
 # ---------------------------------------------------------------------------------------------- decode driver
-def stages_1_to_3(decoder, latent: torch.Tensor) -> torch.Tensor:
-    """Latent `[B, C, T, H, W]` (un-normalized, floor-padded) → features before the third upsample,
-    channels-last `[B, T', H', W', C]` with the ghost frames. The third upsample is pointwise, so it runs per
-    tile (`stage4_input`): the resident volume is 1/8 of the stage-4 input."""
-    ghost = decoder.trailing_pad_latent_frames
-    latent = torch.cat([latent, latent[:, :, -1:].expand(-1, -1, ghost, -1, -1)], dim=2)
-    x = decoder.conv_in(latent.permute(0, 2, 3, 4, 1))
-    for i, blocks in enumerate(decoder.det_stages[:-1]):
-        for block in blocks:
-            x = block(x)
-        if i < len(decoder.det_stages) - 2:
-            x = decoder.upsamples[i](x)
-    return x
-
-
 def stage4_input(decoder, pre: torch.Tensor, frames: tuple[int, int], rows: tuple[int, int],
                  cols: tuple[int, int]) -> torch.Tensor:
-    """`forward_stages_1_to_3(...)[:, t0:t1, h0:h1, w0:w1]`, computed from the pre-upsample slice it needs."""
-    up = decoder.upsamples[-2]
+    """`forward_stages_1_to_3(...)[:, t0:t1, h0:h1, w0:w1]`, computed from the slice of the features before the
+    third upsample (`compat.stages_1_to_3_before_last_upsample`) that it needs."""
+    up = compat.deferred_upsample(decoder)
     st, sh, sw = up.stride
     lead = 1 if st == 2 else 0  # stage-4 frame j is frame j+1 of the upsample before its leading frame is dropped
     spans = [(frames[0] + lead, frames[1] + lead, st), (*rows, sh), (*cols, sw)]
@@ -407,7 +394,7 @@ class _Decode:
         bottom, right = schedule.work_thw[1] - latent.shape[3] - top, schedule.work_thw[2] - latent.shape[4] - left
         if t_pad or top or bottom or left or right:  # frames repeat the last; rows/columns edge-replicate
             z = F.pad(z, (left, right, top, bottom, 0, t_pad), mode="replicate")
-        work["pre"] = stages_1_to_3(decoder, z.to(dtype))
+        work["pre"] = compat.stages_1_to_3_before_last_upsample(decoder, z.to(dtype))
         del z
         for span, (emit0, emit1) in schedule.groups():
             work["acc"] = torch.zeros(batch, 3, span.length, height, width, device=device, dtype=acc_dtype)

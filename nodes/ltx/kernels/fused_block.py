@@ -16,11 +16,11 @@ interpreter against diffusers' own forward.
 """
 from __future__ import annotations
 
-import types
 from dataclasses import dataclass
 
 import torch
 
+from .. import compat
 from .na_triton import on_device, tl, triton
 
 SWIGLU_TOKENS = 65536  # tokens per SwiGLU tile: one hidden-width bf16 temporary, 128 MiB at C = 256 (hidden 1024)
@@ -141,9 +141,5 @@ def block_forward(block, hidden_states: torch.Tensor, latent_context: torch.Tens
 
 def use_fused_blocks(model: torch.nn.Module, enabled: bool) -> None:
     """Give every stage-5 block of a diffusers diffusion decoder the fused forward (`enabled`), or its own back."""
-    for module in model.modules():
-        if type(module).__name__ == "LTX2VideoVaeDiffusionNABlock":
-            if enabled:
-                module.forward = types.MethodType(block_forward, module)
-            else:
-                module.__dict__.pop("forward", None)
+    for block in compat.stage5_blocks(model):
+        compat.override_forward(block, block_forward if enabled else None)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .. import compat
 from ..errors import LTX25Error
 
 PROCESSORS = ("auto", "sdpa", "natten", "comfy_kitchen", "triton")
@@ -204,7 +205,7 @@ def _rotate(x: torch.Tensor, rope, scale: float) -> torch.Tensor:
     for axis, dim in enumerate(rope.rope_dim_split):
         length = x.shape[1 + axis]
         positions = torch.arange(length, dtype=torch.float32, device=x.device)
-        angles = positions[:, None] * rope._inv_freqs(dim, x.device)[None, :]  # the module's own frequencies
+        angles = positions[:, None] * compat.rope_inv_freqs(rope, dim, x.device)[None, :]
         shape = [1, 1, 1, 1, 1, dim // 2]
         shape[1 + axis] = length
         pairs[..., start:start + dim // 2].mul_(torch.polar(torch.full_like(angles, scale), angles).view(shape))

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import compat
 from ..errors import LTX25Error
 
 try:  # optional: the kernel needs Triton (shipped with CUDA builds of torch); importing this module does not
@@ -214,11 +215,11 @@ _ROPE_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def _rope_tables(rope, device: torch.device, positions: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per rotation pair p and position i < `positions` (or more): cos and sin of `i · freq[p]` in float32 (the
-    module's own `_inv_freqs`, the product `_rotate` takes), `[pairs, positions]`; and per pair its axis (0 = T,
+    module's own frequencies, the product `_rotate` takes), `[pairs, positions]`; and per pair its axis (0 = T,
     1 = H, 2 = W). Built once per module and device, and again only for a longer axis."""
     per_device = _ROPE_TABLES.setdefault(rope, {})
     if device not in per_device or per_device[device][0].shape[1] < positions:
-        freqs = torch.cat([rope._inv_freqs(dim, device) for dim in rope.rope_dim_split]).float()
+        freqs = torch.cat([compat.rope_inv_freqs(rope, dim, device) for dim in rope.rope_dim_split]).float()
         axes = torch.cat([torch.full((dim // 2,), axis, dtype=torch.int32, device=device)
                           for axis, dim in enumerate(rope.rope_dim_split)])
         angles = freqs[:, None] * torch.arange(positions, dtype=torch.float32, device=device)[None, :]

@@ -1,0 +1,99 @@
+"""Every place the pack reaches below diffusers' and torch's public API, in one module, checked against what is
+installed.
+
+diffusers has the LTX-2.5 decoders but not every seam the pack drives them through: the diffusion decoder's stages
+1-3 without their last upsample (so it can run per tile), its RoPE frequencies (so a kernel can rotate q/k in the
+same pass as the norm) and a per-instance forward for its stage-5 blocks (the fused block). Each touch is one
+function here, and before touching an object it checks that the installed diffusers still has every attribute the
+touch uses: a version without them is an LTX25Error naming the version, the attribute and the range the pack was
+written against (pyproject.toml), never an AttributeError deep in a decode. That the touches still compute what
+diffusers computes is pinned by tests against diffusers' own forward (tests/test_diffusion_vae.py,
+tests/test_fused_block.py, tests/test_na_attention.py). The DiT's touches (`_compiled_call_impl`, in
+nodes/ltx/dit/) belong here the same way.
+"""
+from __future__ import annotations
+
+import types
+from typing import Callable, Iterator
+
+import diffusers
+import torch
+
+from .errors import LTX25Error
+
+WRITTEN_FOR = "diffusers>=0.42.1,<0.43"  # the range in pyproject.toml these touches were written and tested against
+_checked: set[tuple[type, tuple[str, ...]]] = set()
+
+
+def require(obj: object, attributes: tuple[str, ...], use: str) -> None:
+    """Refuse, naming the installed diffusers, an `obj` without every one of `attributes` (what `use` touches);
+    checked once per class."""
+    key = (type(obj), attributes)
+    if key in _checked:
+        return
+    missing = [name for name in attributes if not hasattr(obj, name)]
+    if missing:
+        raise LTX25Error(f"diffusers {diffusers.__version__}", f"{type(obj).__name__}.{missing[0]}", "missing",
+                         f"present: {use} uses it ({WRITTEN_FOR})",
+                         "Install the diffusers version pyproject.toml names; this one changed what the pack uses.")
+    _checked.add(key)
+
+
+def _diffusion_decoder_class(name: str) -> type:
+    from diffusers.models.autoencoders import ltx2_diffusion_decoder
+    cls = getattr(ltx2_diffusion_decoder, name, None)
+    if cls is None:
+        raise LTX25Error(f"diffusers {diffusers.__version__}", f"ltx2_diffusion_decoder.{name}", "missing",
+                         f"present ({WRITTEN_FOR})", "Install the diffusers version pyproject.toml names.")
+    return cls
+
+
+# ------------------------------------------------------------------------------------ the diffusion decoder's stages
+def stages_1_to_3_before_last_upsample(decoder: torch.nn.Module, latent: torch.Tensor) -> torch.Tensor:
+    """diffusers' `LTX2VideoDiffusionDecoder3d.forward_stages_1_to_3` without its last upsample: latent
+    `[B, C, T, H, W]` (un-normalized) → channels-last features `[B, T', H', W', C]` with the trailing ghost frames.
+    The skipped upsample is pointwise, so the decode runs it per tile (`deferred_upsample`) and keeps 1/8 of the
+    volume resident. No block mask is built: the pack's attention processors take the window from the kernel size."""
+    require(decoder, ("trailing_pad_latent_frames", "conv_in", "det_stages", "upsamples"),
+            "the diffusion decode's stages 1-3")
+    ghost = decoder.trailing_pad_latent_frames
+    latent = torch.cat([latent, latent[:, :, -1:].expand(-1, -1, ghost, -1, -1)], dim=2)
+    x = decoder.conv_in(latent.permute(0, 2, 3, 4, 1))
+    for i, blocks in enumerate(decoder.det_stages[:-1]):
+        for block in blocks:
+            x = block(x)
+        if i < len(decoder.det_stages) - 2:
+            x = decoder.upsamples[i](x)
+    return x
+
+
+def deferred_upsample(decoder: torch.nn.Module) -> torch.nn.Module:
+    """The upsample `stages_1_to_3_before_last_upsample` leaves out (diffusers' `upsamples[-2]`): a pixel shuffle
+    with `.stride` (t, h, w) taking `drop_leading_frame`."""
+    require(decoder, ("upsamples",), "the per-tile third upsample")
+    upsample = decoder.upsamples[-2]
+    require(upsample, ("stride",), "the per-tile third upsample")
+    return upsample
+
+
+# ------------------------------------------------------------------------------------ RoPE and block forwards
+def rope_inv_freqs(rope: torch.nn.Module, dim: int, device: torch.device) -> torch.Tensor:
+    """`[dim // 2]` float32 inverse frequencies of one axis chunk of diffusers' `LTX2VideoVaeRotaryPosEmbed3D`: the
+    module's own (private `_inv_freqs`), so a fused rotation uses exactly the angles diffusers' forward would."""
+    require(rope, ("_inv_freqs", "rope_dim_split"), "the fused RoPE rotation")
+    return rope._inv_freqs(dim, device)
+
+
+def stage5_blocks(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """The diffusion decoder's stage-5 blocks (`LTX2VideoVaeDiffusionNABlock`) in `model`."""
+    block_class = _diffusion_decoder_class("LTX2VideoVaeDiffusionNABlock")
+    return (module for module in model.modules() if isinstance(module, block_class))
+
+
+def override_forward(module: torch.nn.Module, forward: Callable[..., torch.Tensor] | None) -> None:
+    """Give one module instance its own `forward(module, ...)` (Module.__call__ looks `forward` up on the instance
+    first), or with None its class's back."""
+    if forward is not None:
+        module.forward = types.MethodType(forward, module)
+    else:
+        module.__dict__.pop("forward", None)
