@@ -302,9 +302,11 @@ def start_server(work_dir: str) -> ComfyServer:
 
 
 # ---------------------------------------------------------------------------------------------------- in-process
-def run_inprocess_driver(work_dir: str, models_dir: str, workflows: list[str], timeout: float = 300) -> dict:
-    """Run `tests/comfyui_inprocess_driver.py` with COMFYUI_PYTHON on the workflows sized as `small_clip`;
-    its JSON report."""
+def run_inprocess_driver(work_dir: str, models_dir: str, workflows: list[str], timeout: float = 300,
+                         resize: bool = True, core_loaders: dict[str, tuple[str, str]] | None = None) -> dict:
+    """Run `tests/comfyui_inprocess_driver.py` with COMFYUI_PYTHON on the workflows, sized as `small_clip` unless
+    `resize` is off; `core_loaders` ({case: (folder, file)}) has core's own loaders load those files too.
+    Its JSON report."""
     comfy_root, python = comfyui_path(), comfyui_python()
     custom_nodes = make_custom_nodes_dir(work_dir)
     os.makedirs(os.path.join(work_dir, "workflows"), exist_ok=True)
@@ -312,12 +314,13 @@ def run_inprocess_driver(work_dir: str, models_dir: str, workflows: list[str], t
     for path in workflows:
         resized.append(os.path.join(work_dir, "workflows", os.path.basename(path)))
         with open(resized[-1], "w", encoding="utf-8") as f:
-            json.dump(small_clip(load_json(path)), f)
+            json.dump(small_clip(load_json(path)) if resize else load_json(path), f)
     workflows = resized
     report_path = os.path.join(work_dir, "inprocess_report.json")
     cmd = [python, os.path.join(PACK_ROOT, "tests", "comfyui_inprocess_driver.py"),
            "--comfyui", comfy_root, "--pack", os.path.join(custom_nodes, PACK_FOLDER), "--models", models_dir,
-           "--out", os.path.join(work_dir, "output"), "--report", report_path, *workflows]
+           "--out", os.path.join(work_dir, "output"), "--report", report_path,
+           "--core-loaders", json.dumps(core_loaders or {}), *workflows]
     result = subprocess.run(cmd, cwd=work_dir, env=child_env(), capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0 or not os.path.isfile(report_path):
         raise AssertionError(f"in-process driver failed (exit {result.returncode}):\n"

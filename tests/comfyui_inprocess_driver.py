@@ -82,6 +82,39 @@ def _cached_outputs(executor, node_id: str) -> list:
     return list(entry.outputs) if hasattr(entry, "outputs") else list(entry)
 
 
+# case → (core node id, its inputs; "{file}" is the file): the loader a core user picks for each tiny file.
+CORE_LOADERS = {
+    "transformer": ("UNETLoader", {"unet_name": "{file}", "weight_dtype": "default"}),
+    "conv_vae": ("VAELoader", {"vae_name": "{file}"}),
+    "diffusion_vae": ("VAELoader", {"vae_name": "{file}"}),
+    "audio_vae": ("VAELoader", {"vae_name": "{file}"}),
+    "audio_vae_ltxv_loader": ("LTXVAudioVAELoader", {"ckpt_name": "{file}"}),
+    "upsampler": ("LatentUpscaleModelLoader", {"model_name": "{file}"}),
+}
+
+
+def _load_with_core(nodes, case: str, folder: str, name: str) -> dict:
+    """Call core's loader node for `case` on `name` directly (a loader alone is no prompt: it has no output node);
+    what it returned (types, the model class inside), or its traceback."""
+    from comfy_api.internal import _ComfyNodeInternal
+    node_id, inputs = CORE_LOADERS[case]
+    cls = nodes.NODE_CLASS_MAPPINGS[node_id]
+    kwargs = {key: value.format(file=name) for key, value in inputs.items()}
+    entry: dict[str, Any] = {"node": node_id, "folder": folder, "file": name}
+    try:
+        if issubclass(cls, _ComfyNodeInternal):  # a v3 node: a classmethod returning NodeOutput
+            returned = tuple(cls.execute(**kwargs).result)
+        else:
+            returned = tuple(getattr(cls(), cls.FUNCTION)(**kwargs))
+    except Exception:  # the report carries the traceback; the test prints it
+        entry.update(ok=False, error=traceback.format_exc()[-4000:])
+        return entry
+    inner = [getattr(value, "model", None) or getattr(value, "first_stage_model", None) for value in returned]
+    entry.update(ok=True, returned=[type(value).__name__ for value in returned],
+                 inner=[type(value).__name__ for value in inner if value is not None])
+    return entry
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--comfyui", required=True)
@@ -89,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--report", required=True)
+    parser.add_argument("--core-loaders", default="{}",
+                        help='JSON {case: [folder, file]}: each file loaded by core ComfyUI\'s own loader for it')
     parser.add_argument("workflows", nargs="*")
     args = parser.parse_args(argv)
     _isolate_sys_path(os.path.abspath(args.comfyui))
@@ -108,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     folder_paths.set_temp_directory(os.path.join(args.out, "temp"))
     for folder in ("diffusion_models", "text_encoders", "vae", "latent_upscale_models"):
         folder_paths.add_model_folder_path(folder, os.path.join(args.models, folder), is_default=True)
+    # core's Load LTXV Audio VAE lists checkpoints/, not vae/
+    folder_paths.add_model_folder_path("checkpoints", os.path.join(args.models, "vae"), is_default=True)
 
     # 3. The pack, loaded the way ComfyUI loads a custom node.
     import torch
@@ -115,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     import comfy.model_patcher
     import execution
     import nodes
+    # core's extra nodes (comfy_extras: the LTXV latents, audio VAE and upscale-model loaders), as main.py loads them
+    asyncio.run(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))
     builtin = set(nodes.NODE_CLASS_MAPPINGS)
     report["pack_loaded"] = asyncio.run(nodes.load_custom_node(args.pack, ignore=builtin,
                                                                 module_parent="custom_nodes"))
@@ -124,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     report["pack_nodes"] = sorted(pack_classes)
     report["comfy_nodes_module"] = os.path.abspath(nodes.__file__)
     report["setup_seconds"] = time.perf_counter() - start
+
+    report["core_loaders"] = {case: _load_with_core(nodes, case, folder, name)
+                              for case, (folder, name) in json.loads(args.core_loaders).items()}
 
     # 4. Observers: a wrapper around each pack node's FUNCTION, and a spy on load_models_gpu.
     calls: list[dict] = []

@@ -121,16 +121,19 @@ def test_extensions_serve_every_pack_script(server):
 
 def test_loader_widgets_list_the_tiny_files_under_their_official_names(server, tiny_set):
     """The loaders' file widgets see the models folders given by --extra-model-paths-config, including
-    `latent_upscale_models`, which ComfyUI 0.3.x does not define itself. Fails when the pack registers the
-    folder too late or in the wrong place, so the upsampler loader offers nothing."""
+    `latent_upscale_models`, which ComfyUI 0.3.x does not define itself, each file in the loader of its kind
+    only (vae/ is shared by the video and audio VAEs). Fails when the pack registers the folder too late or in
+    the wrong place, so the upsampler loader offers nothing, or when a loader offers a file of another kind."""
     from nodes.ltx.release import OFFICIAL_FILES
     info = server.client.get("/object_info")
-    loader_of = {"diffusion_models": "LTX25TransformerLoader", "text_encoders": "LTX25TextEncoderLoader",
-                 "vae": "LTX25VideoVAELoader", "latent_upscale_models": "LTX25UpsamplerLoader"}
-    for folder, filename in OFFICIAL_FILES.values():
-        node = loader_of[folder]
-        combos = [spec[0] for spec in info[node]["input"]["required"].values() if isinstance(spec[0], list)]
-        assert any(filename in choices for choices in combos), f"{node} offers {combos}, not {filename}"
+    loader_of = {"transformer": "LTX25TransformerLoader", "text_encoder": "LTX25TextEncoderLoader",
+                 "conv_vae": "LTX25VideoVAELoader", "diffusion_vae": "LTX25VideoVAELoader",
+                 "audio_vae": "LTX25AudioVAELoader", "upsampler": "LTX25UpsamplerLoader"}
+    for component, (_folder, filename) in OFFICIAL_FILES.items():
+        for node in set(loader_of.values()):
+            combos = [spec[0] for spec in info[node]["input"]["required"].values() if isinstance(spec[0], list)]
+            offered = any(filename in choices for choices in combos)
+            assert offered == (node == loader_of[component]), f"{node} offers {combos}: {filename}?"
 
 
 def _api_workflow_names() -> list[str]:
