@@ -79,10 +79,11 @@ def _info(component: str, kind: Kind) -> AssetInfo:
 
 
 def _audio_metadata() -> dict:
-    """The tiny metadata at the released widths (docs/MODEL.md §11: ch 128, 2 res blocks; vocoder 1536 / BWE 512, AMP1
-    resblocks k (3, 7, 11) × dilations (1, 3, 5): diffusers' LTX2VocoderWithBWE defaults for LTX-2.3)."""
+    """The tiny metadata at the released widths (docs/MODEL.md §11: ch 128, ch_mult (1, 2, 4), 2 res blocks; vocoder
+    1536 / BWE 512, AMP1 resblocks k (3, 7, 11) × dilations (1, 3, 5): diffusers' LTX2VocoderWithBWE defaults for
+    LTX-2.3)."""
     ae = json.loads(json.dumps(TINY_AUDIO_VAE_CONFIG))
-    ae["model"]["params"]["ddconfig"].update(ch=128, num_res_blocks=2)
+    ae["model"]["params"]["ddconfig"].update(ch=128, ch_mult=[1, 2, 4], num_res_blocks=2)
     voc = json.loads(json.dumps(TINY_VOCODER_CONFIG))
     res = {"resblock_kernel_sizes": [3, 7, 11], "resblock_dilation_sizes": [[1, 3, 5]] * 3}
     voc["vocoder"].update(upsample_initial_channel=1536, **res)

@@ -13,11 +13,15 @@ from .common import generator, randomize_, save_native
 
 ENCODER_KEY_MAP = KeyMap("audio VAE encoder (tiny writer)", renames=(Rename("audio_vae.encoder", "encoder"),))
 
+# `ch` is also the length of the per-channel statistics in the reference (its PerChannelStatistics is built with
+# `ch` channels), and they hold one value per (latent channel, mel bin): 8 × 16 = 128, as in the released file. The
+# tiny widths come from `ch_mult` (1, 1, 1): three levels (64 mel bins → 16 latent bins) at width 128.
 TINY_AUDIO_VAE_CONFIG = {
     "model": {"params": {"ddconfig": {
         "double_z": True, "mel_bins": 64, "z_channels": LATENT_CHANNELS, "resolution": 256, "downsample_time": False,
-        "in_channels": 2, "out_ch": 2, "ch": 16, "ch_mult": [1, 2, 4], "num_res_blocks": 1, "attn_resolutions": [],
-        "dropout": 0.0, "mid_block_add_attention": False, "norm_type": "pixel", "causality_axis": "height"},
+        "in_channels": 2, "out_ch": 2, "ch": LATENT_CHANNELS * LATENT_BINS, "ch_mult": [1, 1, 1], "num_res_blocks": 1,
+        "attn_resolutions": [], "dropout": 0.0, "mid_block_add_attention": False, "norm_type": "pixel",
+        "causality_axis": "height"},
         "sampling_rate": 16000}},
     "preprocessing": {"audio": {"sampling_rate": 16000, "max_wav_value": 32768.0, "duration": 5.12, "stereo": True,
                                 "causal_padding": 3},
@@ -38,7 +42,7 @@ TINY_VOCODER_CONFIG = {
 
 def _audible_(module: torch.nn.Module) -> torch.nn.Module:
     """Rescale 1-D (transposed) conv weights to half gain, std 0.5/√(C_in·k/stride), so the random tiny vocoder makes
-    an audible waveform (peaks ~0.15) instead of randomize_'s near-silence or unit gain's clipping."""
+    an audible waveform that stays below clipping, instead of randomize_'s near-silence or unit gain's clipping."""
     with torch.no_grad():
         for m in module.modules():
             if isinstance(m, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)):

@@ -1,6 +1,13 @@
 """The tiny diffusion video VAE file in the exact native layout: fused qkv, `attn.proj`, `t_embedder.mlp`, the unused
-`type_emb`, a bundled `encoder.*`, per-channel statistics and the nested `config.vae` metadata."""
+`type_emb`, the bundled conv encoder `encoder.*`, per-channel statistics and the nested `config.vae` metadata.
+
+The pack never runs the encoder, but other readers build it from `config.vae.encoder` (ComfyUI's VAELoader loads
+it strictly, with `base_channels` 128 when the block does not say): the block declares every field, and the tensors
+are those of a real encoder built from it — the tiny conv VAE's encoder, as both released video-VAE files bundle one
+encoder."""
 from __future__ import annotations
+
+from typing import Any, Mapping
 
 import torch
 from diffusers.models.autoencoders.ltx2_diffusion_decoder import LTX2VideoDiffusionDecoderModel
@@ -8,6 +15,7 @@ from diffusers.models.autoencoders.ltx2_diffusion_decoder import LTX2VideoDiffus
 from ...ltx.decode.diffusion_vae import CLASS_NAME, KEY_MAP, DiffusionVAEConfig
 from ...ltx.release import MODEL_VERSION
 from .common import TINY_DIMS, generator, latent_statistics, randomize_, save_native
+from .conv_vae import TINY_VAE_CONFIG, encoder_tensors
 
 TINY_DECODER = {
     "in_channels": TINY_DIMS["latent_channels"], "out_channels": 3, "patch_size": 4, "head_dim": 16,
@@ -18,21 +26,17 @@ TINY_DECODER = {
     "stage5_kernel": [3, 3, 3], "timestep_scale_multiplier": 1000.0, "default_num_inference_steps": 1,
     "resampler_kind": "linear", "spatial_padding_mode": "zeros",
 }
+# `config.vae.encoder` in the diffusion file's own names (`blocks`, `base_channels`): the tiny conv VAE's encoder.
 TINY_ENCODER = {"in_channels": 3, "out_channels": TINY_DIMS["latent_channels"], "patch_size": 4, "dims": 3,
                 "norm_layer": "pixel_norm", "latent_log_var": "constant", "spatial_padding_mode": "zeros",
-                "blocks": [["res_x", {"num_layers": 1}], ["compress_all_res", {"multiplier": 2}],
-                           ["res_x", {"num_layers": 1}]]}
+                "base_channels": TINY_VAE_CONFIG["encoder_base_channels"], "blocks": TINY_VAE_CONFIG["encoder_blocks"]}
 
 
-def _tiny_encoder(seed: int) -> dict[str, torch.Tensor]:
-    """A stand-in for the bundled conv encoder (dropped on load): real key names, tiny shapes."""
-    g = generator(seed, "diffusion_vae.encoder")
-    shapes = {"encoder.conv_in.conv.weight": (16, 48, 3, 3, 3), "encoder.conv_in.conv.bias": (16,),
-              "encoder.down_blocks.0.res_blocks.0.conv1.conv.weight": (16, 16, 3, 3, 3),
-              "encoder.down_blocks.0.res_blocks.0.conv2.conv.weight": (16, 16, 3, 3, 3),
-              "encoder.down_blocks.1.conv.conv.weight": (4, 16, 3, 3, 3),
-              "encoder.conv_out.conv.weight": (TINY_DIMS["latent_channels"] + 1, 32, 3, 3, 3)}
-    return {k: torch.randn(s, generator=g) * 0.02 for k, s in shapes.items()}
+def _tiny_encoder(encoder: Mapping[str, Any], seed: int) -> dict[str, torch.Tensor]:
+    """The bundled encoder's tensors (dropped on load by this pack): a real encoder built from the `encoder` block."""
+    as_conv_config = {"encoder_blocks": encoder["blocks"], "patch_size": encoder["patch_size"],
+                      "spatial_padding_mode": encoder["spatial_padding_mode"]}
+    return encoder_tensors(as_conv_config, seed, "diffusion_vae.encoder")
 
 
 def write_tiny(path: str, seed: int) -> str:
@@ -47,5 +51,5 @@ def write_tiny(path: str, seed: int) -> str:
     mean, std = latent_statistics(seed)
     tensors["per_channel_statistics.mean-of-means"], tensors["per_channel_statistics.std-of-means"] = mean, std
     tensors["decoder.type_emb"] = torch.randn(config.in_channels, generator=generator(seed, "diffusion_vae.type"))
-    tensors.update(_tiny_encoder(seed))
+    tensors.update(_tiny_encoder(TINY_ENCODER, seed))
     return save_native(path, tensors, metadata)
