@@ -30,10 +30,6 @@ CORE_CASES = {
     "audio_vae_ltxv_loader": ("audio_vae", "checkpoints", "AudioVAE"),
     "upsampler": ("upsampler", "latent_upscale_models", "LatentUpsampler"),
 }
-DIFFUSION_VAE_XFAIL = pytest.mark.xfail(
-    strict=True, reason="the tiny diffusion VAE bundles its encoder in the pack's layout, not core's (encoder."
-    "conv_in is 16 channels where core builds 128): core's VAELoader refuses the file until the tiny writer stores "
-    "the encoder natively")
 
 
 def _core_graph(names: dict[str, str]) -> dict:
@@ -81,8 +77,7 @@ def report(tmp_path_factory, tiny_models) -> dict:
     return h.run_inprocess_driver(work, tiny_models, [graph], resize=False, core_loaders=loaders)
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=DIFFUSION_VAE_XFAIL) if c == "diffusion_vae" else c
-                                  for c in CORE_CASES])
+@pytest.mark.parametrize("case", list(CORE_CASES))
 def test_core_loader_loads_the_tiny_file(report, case):
     """Core's own loader for the file's kind (UNETLoader, VAELoader, Load LTXV Audio VAE, Load Latent Upscale
     Model) loads the tiny file and holds the model core builds for it. Fails when a tiny file's keys or metadata
