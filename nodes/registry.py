@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-NODE_MODULES = ("loaders", "text", "conditioning", "sampling", "decode_conv", "decode_diffusion", "audio",
+NODE_MODULES = ("loaders", "lora", "text", "conditioning", "sampling", "decode_conv", "decode_diffusion", "audio",
                 "compare", "output")
 
 NODE_CLASS_MAPPINGS: dict[str, type] = {}

@@ -17,6 +17,7 @@ import torch
 
 from ..ltx import streaming
 from ..ltx.device_memory import free_bytes
+from ..ltx.files.lora import LoraFactors
 
 log = logging.getLogger("ltx25")
 
@@ -31,7 +32,7 @@ except ImportError:
     _mm = _patcher = _comfy_utils = _folder_paths = None
     HAS_COMFY = False
 
-MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "latent_upscale_models")
+MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "latent_upscale_models", "loras")
 
 
 # ---------------------------------------------------------------------------------------------------- interrupts
@@ -161,7 +162,8 @@ class StandalonePatcher:
         return twin
 
     def add_patches(self, patches: dict, strength_patch: float = 1.0) -> list[str]:
-        """ComfyUI's shape: `{state-dict key: (delta,)}`; the weight becomes `weight + strength·delta` on load."""
+        """ComfyUI's shape: `{state-dict key: (delta,) or low-rank factors}` (`weight_patch`); the weight becomes
+        `weight + strength·delta` on load, a low-rank delta formed only then, one weight at a time."""
         state = self.model.state_dict(keep_vars=True)
         added = [key for key in patches if key in state]
         for key in added:
@@ -187,7 +189,7 @@ class StandalonePatcher:
             for key, entries in self.patches.items():
                 weight = tensors[key]
                 state["backup"][key] = weight.detach().to("cpu", copy=True)
-                patched = weight.float() + sum(strength * value[0].to(weight.device, torch.float32)
+                patched = weight.float() + sum(strength * _patch_delta(value, weight.device)
                                                for strength, value in entries)
                 weight.copy_(patched.to(weight.dtype))
         state["uuid"] = self.patches_uuid
@@ -218,6 +220,30 @@ class StandalonePatcher:
             self.model.to(self.offload_device)
         if self.on_unload is not None:
             self.on_unload(self.model)
+
+
+def _patch_delta(value, device: torch.device) -> torch.Tensor:
+    """A standalone patch value's dense float32 delta on `device`: `(delta,)` as given, a LoRA's factors multiplied
+    out here (so a whole-model LoRA never exists densely)."""
+    if isinstance(value, LoraFactors):
+        return value.delta(device)
+    return value[0].to(device, torch.float32)
+
+
+def weight_patch(value):
+    """The patch value model management applies for one weight: a dense delta → ComfyUI's `(delta,)`; a LoRA's
+    `LoraFactors` → ComfyUI's own LoRA adapter (its math: `weight + strength·alpha/rank·up@down`, alpha absent
+    → 1, as `LoraFactors.delta`) in ComfyUI, the factors themselves for the standalone patcher."""
+    if not isinstance(value, LoraFactors):
+        return (value,)
+    if not HAS_COMFY:
+        return value
+    weights = (value.up, value.down, value.alpha, None, None, None)  # up, down, alpha, mid, dora scale, reshape
+    try:  # ComfyUI ≥ 0.3.3x: adapter objects
+        from comfy.weight_adapter import LoRAAdapter
+    except ImportError:  # older ComfyUI reads the tagged tuple
+        return ("lora", weights)
+    return LoRAAdapter(set(), weights)
 
 
 # Weak references, like ComfyUI's LoadedModel: a model whose last user dropped it must not be kept alive here.

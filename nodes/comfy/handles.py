@@ -9,6 +9,7 @@ import torch
 
 from . import bridge
 from ..ltx.files.assets import AssetInfo
+from ..ltx.files.lora import LoraFactors
 from ..ltx.errors import LTX25Error
 
 
@@ -32,9 +33,10 @@ class Loaded:
     def clone(self) -> "Loaded":
         return replace(self, patcher=bridge.clone_patcher(self.patcher))
 
-    def with_weight_deltas(self, deltas: Mapping[str, torch.Tensor], strength: float = 1.0) -> "Loaded":
-        """A clone whose weights are `weight + strength·delta` for each module state-dict key in `deltas` (a LoRA's
-        product, a fine-tune's difference); unknown keys are refused by name."""
+    def with_weight_deltas(self, deltas: Mapping[str, torch.Tensor | LoraFactors], strength: float = 1.0) -> "Loaded":
+        """A clone whose weights are `weight + strength·delta` for each module state-dict key in `deltas`: a dense
+        delta (a fine-tune's difference) or a LoRA's `LoraFactors`, whose delta is formed only when the weight is
+        patched; unknown keys are refused by name."""
         prefix = bridge.patch_key_prefix(self.patcher)
         known = self.module.state_dict(keep_vars=True)
         unknown = [key for key in deltas if key not in known]
@@ -45,7 +47,8 @@ class Loaded:
             if tuple(delta.shape) != tuple(known[key].shape):
                 raise LTX25Error(self.info.name, f"the patch for {key}", tuple(delta.shape), tuple(known[key].shape))
         twin = self.clone()
-        twin.patcher.add_patches({prefix + key: (delta,) for key, delta in deltas.items()}, strength)
+        twin.patcher.add_patches({prefix + key: bridge.weight_patch(delta) for key, delta in deltas.items()},
+                                 strength)
         return twin
 
     def ready(self, memory_required: int = 0) -> torch.nn.Module:

@@ -1,0 +1,210 @@
+"""LoRA files for the LTX-2.5 transformer (docs/MODEL.md §15.5): every key spelling the files in circulation use,
+mapped onto the loaded module's parameter names, with full coverage (each file key is used or refused by name).
+
+A LoRA stays low-rank here: `LoraFactors` carries `up [out, r]`, `down [r, in]` and the optional `alpha`, and the
+dense delta `alpha/r · up·down` is formed only while a patcher applies it to one weight (never for the whole model
+at once). Key spellings (file key = prefix + module path + suffix):
+
+| prefix | module path in | written by |
+|---|---|---|
+| `diffusion_model.` | native names (the file's, without `model.diffusion_model.`) | the LTX-2 trainer, ComfyUI |
+| `model.diffusion_model.` | native names | checkpoint-style exports |
+| `lora_unet_` | native names with `.` → `_` | kohya-style trainers |
+| `transformer.` | diffusers names (`dit.` here) | diffusers / PEFT |
+
+Suffixes: `.lora_A.weight` / `.lora_B.weight` (PEFT: down, up), `.lora_down.weight` / `.lora_up.weight` (kohya,
+ComfyUI) with an optional `.alpha`, and ComfyUI's dense `.diff` (a weight's delta) and `.diff_b` (a bias's delta).
+"""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Mapping, Union
+
+import torch
+from safetensors import safe_open
+
+from ..errors import LTX25Error
+from .keymap import KeyMap
+
+NATIVE_PREFIX = "model.diffusion_model."
+# file-key suffix → the role of the tensor it names
+SUFFIXES = (
+    (".lora_A.weight", "down"), (".lora_B.weight", "up"),
+    (".lora_down.weight", "down"), (".lora_up.weight", "up"),
+    (".alpha", "alpha"), (".diff_b", "diff_b"), (".diff", "diff"),
+)
+PAIR_SPELLINGS = {"lora_A/lora_B": (".lora_A.weight", ".lora_B.weight"),
+                  "lora_down/lora_up": (".lora_down.weight", ".lora_up.weight")}
+PATCHABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class LoraFactors:
+    """One weight's low-rank update: `delta = scale · up @ down`, `scale = alpha / rank` (1 without an alpha, as
+    ComfyUI and the reference read PEFT files, which store no alpha)."""
+    up: torch.Tensor     # [out, rank]
+    down: torch.Tensor   # [rank, in]
+    alpha: float | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.down.shape[0]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.up.shape[0], self.down.shape[1]
+
+    @property
+    def scale(self) -> float:
+        return 1.0 if self.alpha is None else self.alpha / self.rank
+
+    def delta(self, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The dense `[out, in]` delta on `device` in `dtype` (float32 accumulation, like ComfyUI's)."""
+        up, down = self.up.to(device, torch.float32), self.down.to(device, torch.float32)
+        return (torch.mm(up, down) * self.scale).to(dtype)
+
+
+Patch = Union[LoraFactors, torch.Tensor]  # a low-rank update, or a dense delta of the parameter's shape
+
+
+@dataclass(frozen=True)
+class LoraTargets:
+    """Every spelling a LoRA file may use for a patchable parameter → the module's parameter key."""
+    spellings: Mapping[str, str]        # file-key base (prefix + path, no suffix) → module key without .weight/.bias
+    ambiguous: frozenset[str]           # spellings two parameters share (kohya's `_` joins): refused if used
+    tensors: Mapping[str, torch.Tensor]  # module state dict (keep_vars): shapes and dtypes to check against
+
+    @classmethod
+    def of(cls, module: torch.nn.Module, key_map: KeyMap, native_prefix: str = NATIVE_PREFIX,
+           diffusers_prefix: tuple[str, str] = ("transformer.", "dit.")) -> "LoraTargets":
+        """From a loaded module and the key map it was loaded with (native file names ↔ module names).
+        `diffusers_prefix`: (file prefix, module prefix) of the diffusers spelling."""
+        tensors = module.state_dict(keep_vars=True)
+        spellings: dict[str, str] = {}
+        seen: dict[str, set[str]] = defaultdict(set)
+        for key in tensors:
+            base, dot, leaf = key.rpartition(".")
+            if leaf not in ("weight", "bias") or not dot:
+                continue
+            native = next(iter(key_map.to_native({key: tensors[key]})))
+            names = []
+            if native.startswith(native_prefix):
+                path = native[len(native_prefix):].rpartition(".")[0]
+                names += [f"diffusion_model.{path}", f"{native_prefix}{path}", "lora_unet_" + path.replace(".", "_")]
+            file_prefix, module_prefix = diffusers_prefix
+            if base.startswith(module_prefix):
+                names.append(file_prefix + base[len(module_prefix):])
+            for name in names:
+                seen[name].add(base)
+                spellings[name] = base
+        ambiguous = frozenset(name for name, bases in seen.items() if len(bases) > 1)
+        return cls(spellings, ambiguous, tensors)
+
+
+def _split(key: str) -> tuple[str, str, str] | None:
+    """file key → (base, suffix, role), or None for a key of no LoRA form."""
+    for suffix, role in SUFFIXES:
+        if key.endswith(suffix):
+            return key[: -len(suffix)], suffix, role
+    return None
+
+
+def _refuse(path: str, key: str, found: str, expected: str, hint: str = "") -> LTX25Error:
+    return LTX25Error(f"{path} [{key}]", "the LoRA key", found, expected, hint)
+
+
+def read_lora(path: str | os.PathLike, targets: LoraTargets) -> dict[str, Patch]:
+    """A LoRA file → {module state-dict key: LoraFactors or dense delta}. Tensors stay in the file's dtype on the
+    CPU. Every file key is used, or an `LTX25Error` names the file and the key: unknown forms, parameters the model
+    does not have, half pairs, mixed spellings, wrong shapes, quantized targets."""
+    path = str(path)
+    with safe_open(path, "pt") as f:
+        tensors = {key: f.get_tensor(key) for key in f.keys()}
+    if not tensors:
+        raise LTX25Error(path, "the LoRA file", "empty", "LoRA tensors (…lora_A.weight / …lora_down.weight …)")
+    groups: dict[str, dict[str, tuple[str, str]]] = defaultdict(dict)   # module base → role → (file key, suffix)
+    for key in sorted(tensors):
+        parts = _split(key)
+        if parts is None:
+            raise _refuse(path, key, "of no LoRA form", "a name ending in " + ", ".join(s for s, _ in SUFFIXES),
+                          "DoRA, LoHa, LoKr and other adapters are not supported; IC-LoRA control adapters are not "
+                          "supported yet.")
+        base, suffix, role = parts
+        if base in targets.ambiguous:
+            raise _refuse(path, key, f"ambiguous ({base!r} names more than one parameter)", "a dotted name")
+        target = targets.spellings.get(base)
+        if target is None:
+            raise _refuse(path, key, "for no parameter of the LTX-2.5 transformer",
+                          "a diffusion_model. / model.diffusion_model. / lora_unet_ / transformer. name of a "
+                          "transformer parameter", "The LoRA is for another model (a LoRA only works with the "
+                          "model it was trained on), or its names are in a spelling this pack does not read.")
+        if role in groups[target]:
+            raise _refuse(path, key, f"a second {role} for {target}", f"one (already {groups[target][role][0]})")
+        groups[target][role] = (key, suffix)
+    patches: dict[str, Patch] = {}
+    for target, roles in groups.items():
+        patches.update(_patches_for(path, target, roles, tensors, targets.tensors))
+    return patches
+
+
+def _patches_for(path: str, target: str, roles: Mapping[str, tuple[str, str]], tensors: Mapping[str, torch.Tensor],
+                 model: Mapping[str, torch.Tensor]) -> dict[str, Patch]:
+    out: dict[str, Patch] = {}
+    weight_key, bias_key = f"{target}.weight", f"{target}.bias"
+    if "diff_b" in roles:
+        out[bias_key] = _dense(path, roles["diff_b"][0], tensors, model, bias_key)
+    if "diff" in roles:
+        out[weight_key] = _dense(path, roles["diff"][0], tensors, model, weight_key)
+    pair = {role: roles[role] for role in ("down", "up") if role in roles}
+    if not pair:
+        if "alpha" in roles:
+            raise _refuse(path, roles["alpha"][0], "an alpha without its pair", "…lora_down/…lora_up beside it")
+        return out
+    if "diff" in roles:
+        raise _refuse(path, roles["diff"][0], f"a dense diff beside a LoRA pair for {target}", "one or the other")
+    if len(pair) == 1:
+        (role, (key, _)), = pair.items()
+        missing = "up (lora_B / lora_up)" if role == "down" else "down (lora_A / lora_down)"
+        raise _refuse(path, key, "half of a LoRA pair", f"its {missing} partner as well")
+    spellings = {name for name, ends in PAIR_SPELLINGS.items() if {s for _, s in pair.values()} <= set(ends)}
+    if not spellings:
+        raise _refuse(path, roles["down"][0], f"paired with {roles['up'][0]}", "lora_A with lora_B, or lora_down "
+                      "with lora_up")
+    weight = model.get(weight_key)
+    if weight is None or weight.ndim != 2:
+        raise _refuse(path, roles["down"][0], f"aimed at {target}, which has no matrix weight",
+                      "a Linear layer's weight")
+    _check_patchable(path, roles["down"][0], weight, weight_key)
+    down, up = tensors[roles["down"][0]], tensors[roles["up"][0]]
+    if down.ndim != 2 or up.ndim != 2 or up.shape[1] != down.shape[0] or (up.shape[0], down.shape[1]) != \
+            tuple(weight.shape):
+        raise _refuse(path, roles["down"][0], f"shaped down {tuple(down.shape)}, up {tuple(up.shape)}",
+                      f"down [rank, {weight.shape[1]}] and up [{weight.shape[0]}, rank] for {weight_key}",
+                      "The LoRA was trained for another model size.")
+    alpha = None
+    if "alpha" in roles:
+        value = tensors[roles["alpha"][0]]
+        if value.numel() != 1:
+            raise _refuse(path, roles["alpha"][0], f"shaped {tuple(value.shape)}", "a scalar")
+        alpha = float(value.float().item())
+    out[weight_key] = LoraFactors(up, down, alpha)
+    return out
+
+
+def _dense(path: str, key: str, tensors: Mapping[str, torch.Tensor], model: Mapping[str, torch.Tensor],
+           module_key: str) -> torch.Tensor:
+    weight = model.get(module_key)
+    if weight is None:
+        raise _refuse(path, key, f"aimed at {module_key}, which the model does not have", "an existing parameter")
+    _check_patchable(path, key, weight, module_key)
+    if tuple(tensors[key].shape) != tuple(weight.shape):
+        raise _refuse(path, key, f"shaped {tuple(tensors[key].shape)}", f"{tuple(weight.shape)} ({module_key})")
+    return tensors[key]
+
+
+def _check_patchable(path: str, key: str, weight: torch.Tensor, module_key: str) -> None:
+    if weight.dtype not in PATCHABLE_DTYPES:
+        raise _refuse(path, key, f"aimed at {module_key}, stored {weight.dtype} (quantized)",
+                      "a float weight", "Load the transformer with weight_dtype bf16 (dequantized) to apply LoRAs.")

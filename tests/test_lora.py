@@ -1,0 +1,199 @@
+"""LoRA files on the transformer handle (nodes/ltx/files/lora.py, nodes/comfy/lora.py, the standalone patcher):
+each key spelling equals a hand-merged model, LoRAs stack, strength 0 is the base model bit for bit, patches undo
+exactly, the patcher carries low-rank factors (no dense whole-model delta), and bad files are refused naming the
+file and the key."""
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from nodes.comfy import bridge
+from nodes.comfy.handles import Loaded
+from nodes.comfy.lora import LTX25LoraLoader
+from nodes.ltx.conditioning import Conditioning
+from nodes.ltx.dit import transformer as T
+from nodes.ltx.errors import LTX25Error
+from nodes.ltx.files.assets import inspect_asset
+from nodes.ltx.files.lora import LoraFactors, LoraTargets, read_lora
+from nodes.tools.tiny import lora as tiny_lora
+from nodes.tools.tiny.common import TINY_DIMS
+
+RANK, ALPHA = 4, 2.0  # alpha is written for the kohya/comfyui spellings: their scale is alpha/rank = 0.5
+SCALES = {"peft": 1.0, "diffusers": 1.0, "comfyui": ALPHA / RANK, "kohya": ALPHA / RANK}
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(11)
+    return (torch.randn(1, 128, 2, 2, 2, generator=g), torch.randn(1, 8, 9, 16, generator=g),
+            Conditioning(torch.randn(1, 1024, TINY_DIMS["video_inner"], generator=g),
+                         torch.randn(1, 1024, TINY_DIMS["audio_inner"], generator=g)))
+
+
+def _x0(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    video, audio, cond = _inputs()
+    return T.denoise(module, video, audio, 0.6, cond, 24.0)
+
+
+@pytest.fixture
+def handle(transformer_path):
+    return Loaded.register(T.load_transformer(transformer_path, torch.float32), inspect_asset(transformer_path))
+
+
+@pytest.fixture
+def targets(handle):
+    return LoraTargets.of(handle.module, T.KEY_MAP)
+
+
+def _hand_merged(module: torch.nn.Module, *loras: tuple[dict, float, float]) -> torch.nn.Module:
+    """A copy with `W + strength·scale·up@down` added by hand for each (factors, strength, scale)."""
+    merged = copy.deepcopy(module)
+    state = merged.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for factors, strength, scale in loras:
+            for key, (up, down) in factors.items():
+                state[key].add_(strength * scale * (up @ down))
+    return merged
+
+
+def _close(got, want) -> tuple[bool, float]:
+    worst = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(got, want))
+    return worst < 1e-5, worst
+
+
+@pytest.mark.parametrize("style", tiny_lora.STYLES)
+def test_each_key_spelling_equals_a_hand_merged_model(handle, targets, tmp_path, style):
+    """A LoRA in each spelling (peft lora_A/B under diffusion_model., comfyui lora_down/up + alpha under
+    model.diffusion_model., kohya lora_unet_ + alpha, diffusers transformer.) patches exactly the weights it names:
+    the patched handle's x0 equals a model merged by hand with W + strength·(alpha/rank)·up@down. Fails if a
+    spelling maps to the wrong weight, if alpha is ignored or applied to PEFT files, or if up/down are swapped."""
+    path = tiny_lora.write_tiny_lora(str(tmp_path / f"{style}.safetensors"), style, seed=3, rank=RANK, alpha=ALPHA)
+    patches = read_lora(path, targets)
+    factors = tiny_lora.tiny_lora_factors(seed=3, rank=RANK)
+    assert set(patches) == set(factors) and all(isinstance(p, LoraFactors) for p in patches.values())
+    base = _x0(handle.ready())
+    want = _x0(_hand_merged(handle.module, (factors, 0.7, SCALES[style])))
+    got = _x0(handle.with_weight_deltas(patches, strength=0.7).ready())
+    ok, worst = _close(got, want)
+    assert ok, f"{style}: relative difference {worst:.2e}"
+    assert max((a - b).abs().max().item() for a, b in zip(got, base)) > 1e-3, "the LoRA changed nothing"
+
+
+def test_two_loras_stack_and_the_unpatched_branch_is_restored_exactly(handle, targets, tmp_path):
+    """Chained LoRA nodes stack (W + s1·d1 + s2·d2); switching back to the unpatched handle restores every weight
+    bit for bit, and the shared module keeps its tensors' storage (no weight copied whole)."""
+    first = tiny_lora.write_tiny_lora(str(tmp_path / "a.safetensors"), "peft", seed=1, rank=RANK)
+    second = tiny_lora.write_tiny_lora(str(tmp_path / "b.safetensors"), "kohya", seed=2, rank=RANK, alpha=ALPHA)
+    original = {k: v.clone() for k, v in handle.module.state_dict().items()}
+    storages = {k: t.data_ptr() for k, t in handle.module.state_dict().items()}
+    handle.ready()
+    want = _x0(_hand_merged(handle.module, (tiny_lora.tiny_lora_factors(1, RANK), 0.5, 1.0),
+                            (tiny_lora.tiny_lora_factors(2, RANK), -0.8, ALPHA / RANK)))
+    stacked = handle.with_weight_deltas(read_lora(first, targets), 0.5) \
+                    .with_weight_deltas(read_lora(second, targets), -0.8)
+    ok, worst = _close(_x0(stacked.ready()), want)
+    assert ok, f"relative difference {worst:.2e}"
+    handle.ready()
+    assert all(torch.equal(t, original[k]) for k, t in handle.module.state_dict().items())
+    assert {k: t.data_ptr() for k, t in handle.module.state_dict().items()} == storages
+
+
+def test_strength_zero_is_the_base_model_bit_for_bit(handle, targets, tiny_models):
+    """The LoRA node at strength 0 returns the very handle it got (ComfyUI's LoraLoader does the same); the engine
+    patch at strength 0 leaves every output bit unchanged too."""
+    path = tiny_lora.write_tiny_dev_files(tiny_models)["distilled_lora"]
+    name = os.path.basename(path)
+    assert LTX25LoraLoader().apply(handle, name, 0.0)[0] is handle
+    base = _x0(handle.ready())
+    zero = _x0(handle.with_weight_deltas(read_lora(path, targets), 0.0).ready())
+    assert all(torch.equal(a, b) for a, b in zip(zero, base))
+
+
+def test_the_node_reads_the_loras_folder_and_keeps_the_factors_low_rank(handle, tiny_models):
+    """LTX-2.5 Load LoRA lists models/loras/, patches a clone (the input handle stays unpatched) and hands the
+    patcher low-rank factors: no patch value holds a dense [out, in] delta."""
+    name = os.path.basename(tiny_lora.write_tiny_dev_files(tiny_models)["distilled_lora"])
+    assert name in LTX25LoraLoader.INPUT_TYPES()["required"]["lora_file"][0]
+    patched = LTX25LoraLoader().apply(handle, name, 1.0)[0]
+    assert patched is not handle and patched.module is handle.module and not handle.patcher.patches
+    values = [value for entries in patched.patcher.patches.values() for _strength, value in entries]
+    assert values and all(isinstance(v, LoraFactors) and v.rank == 4 for v in values)
+
+
+def test_weight_patch_hands_the_standalone_patcher_the_factors_and_dense_deltas_as_tuples():
+    """Without ComfyUI the factors are the patch value (multiplied out only when applied); a dense delta keeps
+    ComfyUI's `(delta,)` shape."""
+    factors = LoraFactors(torch.ones(3, 2), torch.ones(2, 5), alpha=1.0)
+    assert bridge.weight_patch(factors) is factors
+    dense = torch.zeros(3, 5)
+    assert bridge.weight_patch(dense)[0] is dense
+    assert torch.equal(factors.delta(torch.device("cpu")), torch.full((3, 5), 1.0))  # 2·(1/2)
+
+
+KEY = "diffusion_model.transformer_blocks.0.attn1.to_q"
+
+
+def _write(tmp_path, tensors: dict, name: str = "bad.safetensors") -> str:
+    path = str(tmp_path / name)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, path)
+    return path
+
+
+@pytest.mark.parametrize("tensors, key, fragment", [
+    ({f"{KEY}.hada_w1_a": torch.zeros(2, 2)}, f"{KEY}.hada_w1_a", "no LoRA form"),
+    ({"diffusion_model.transformer_blocks.7.attn1.to_q.lora_A.weight": torch.zeros(4, 64),
+      "diffusion_model.transformer_blocks.7.attn1.to_q.lora_B.weight": torch.zeros(64, 4)},
+     "diffusion_model.transformer_blocks.7.attn1.to_q.lora_A.weight", "no parameter"),
+    ({f"{KEY}.lora_A.weight": torch.zeros(4, 64)}, f"{KEY}.lora_A.weight", "half of a LoRA pair"),
+    ({f"{KEY}.lora_A.weight": torch.zeros(4, 64), f"{KEY}.lora_up.weight": torch.zeros(64, 4)},
+     f"{KEY}.lora_A.weight", "paired with"),
+    ({f"{KEY}.lora_A.weight": torch.zeros(4, 32), f"{KEY}.lora_B.weight": torch.zeros(64, 4)},
+     f"{KEY}.lora_A.weight", "shaped"),
+    ({f"{KEY}.alpha": torch.tensor(1.0)}, f"{KEY}.alpha", "without its pair"),
+    ({"diffusion_model.transformer_blocks.0.norm1.lora_A.weight": torch.zeros(4, 64),
+      "diffusion_model.transformer_blocks.0.norm1.lora_B.weight": torch.zeros(64, 4)},
+     "diffusion_model.transformer_blocks.0.norm1.lora_A.weight", "no parameter"),
+])
+def test_bad_lora_keys_are_refused_naming_the_file_and_the_key(targets, tmp_path, tensors, key, fragment):
+    """Every file key is used or refused: unknown forms (LoHa), parameters the model lacks, half pairs, mixed
+    spellings, wrong shapes and stray alphas each raise LTX25Error whose message names the file and the key."""
+    path = _write(tmp_path, tensors)
+    with pytest.raises(LTX25Error, match=fragment) as info:
+        read_lora(path, targets)
+    assert path in str(info.value) and key in str(info.value), str(info.value)
+
+
+def test_a_quantized_target_is_refused_with_the_way_out(tmp_path):
+    """A weight kept quantized (U8/F8 storage) cannot be patched in place: the error names the key and says to
+    load the transformer dequantized."""
+    module = torch.nn.Module()
+    module.dit = torch.nn.Module()
+    module.dit.proj = torch.nn.Linear(8, 8)
+    module.dit.proj.weight = torch.nn.Parameter(torch.zeros(8, 8, dtype=torch.uint8), requires_grad=False)
+    from nodes.ltx.files.keymap import KeyMap, Rename
+    key_map = KeyMap("test", renames=(Rename("model.diffusion_model", "dit"),))
+    path = _write(tmp_path, {"diffusion_model.proj.lora_A.weight": torch.zeros(2, 8),
+                             "diffusion_model.proj.lora_B.weight": torch.zeros(8, 2)})
+    with pytest.raises(LTX25Error, match="quantized") as info:
+        read_lora(path, LoraTargets.of(module, key_map))
+    assert "diffusion_model.proj.lora_A.weight" in str(info.value) and "bf16" in str(info.value)
+
+
+def test_dense_diffs_patch_weights_and_biases(handle, targets, tmp_path):
+    """ComfyUI's `.diff` / `.diff_b` entries (dense deltas, e.g. for norms) patch their weight and bias."""
+    weight_key = "dit.transformer_blocks.1.attn1.norm_q.weight"
+    bias_key = "dit.transformer_blocks.0.audio_ff.net.2.bias"
+    state = {k: v.clone() for k, v in handle.module.state_dict().items()}
+    g = torch.Generator().manual_seed(4)
+    diff, diff_b = torch.randn(state[weight_key].shape, generator=g), torch.randn(state[bias_key].shape, generator=g)
+    path = _write(tmp_path, {"diffusion_model.transformer_blocks.1.attn1.q_norm.diff": diff,
+                             "diffusion_model.transformer_blocks.0.audio_ff.net.2.diff_b": diff_b})
+    patches = read_lora(path, targets)
+    assert set(patches) == {weight_key, bias_key}
+    patched = handle.with_weight_deltas(patches, 0.3).ready().state_dict()
+    assert torch.equal(patched[weight_key], state[weight_key] + 0.3 * diff)
+    assert torch.equal(patched[bias_key], state[bias_key] + 0.3 * diff_b)
+    handle.ready()
