@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import importlib
 
-NODE_MODULES = ("loaders", "lora", "text", "conditioning", "sampling", "decode_conv", "decode_diffusion", "audio",
-                "compare", "output")
+NODE_MODULES = ("loaders", "lora", "text", "conditioning", "guidance", "sampling", "decode_conv", "decode_diffusion",
+                "audio", "compare", "output")
 
 NODE_CLASS_MAPPINGS: dict[str, type] = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}

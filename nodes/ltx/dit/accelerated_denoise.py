@@ -169,6 +169,16 @@ def _record(forward: Callable[[], Any], cache: _GraphCache, device: torch.device
     return replay
 
 
+def graph_cache(model: torch.nn.Module) -> _GraphCache:
+    """The model's graph cache (shared with the guided denoiser's graphs: one pool, one weights signature)."""
+    return _graph_cache(model)
+
+
+def record_graph(forward: Callable[[], Any], cache: _GraphCache, device: torch.device) -> Callable[[], Any]:
+    """Capture `forward()` in the cache's pool on `device` → `replay()` (see `_record`)."""
+    return _record(forward, cache, device)
+
+
 def _capture(model: torch.nn.Module, video: torch.Tensor, audio: torch.Tensor, cond, fps: float,
              cache: _GraphCache) -> _Graph:
     from .transformer import velocity
