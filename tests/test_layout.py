@@ -95,14 +95,14 @@ def test_tiny_files_have_the_content_recorded(tiny_file):
         assert _canonical_digest(tiny_file(component)) == digest, component
 
 
-@pytest.mark.usefixtures("tiny_models")
-def test_ab_graph_outputs_equal_those_recorded(tmp_path):
+def test_ab_graph_outputs_equal_those_recorded(tiny_models, tmp_path):
     """Every float output of the A/B graph at 128×128×9 (latents after each stage, both decodes, audio, compare)
     matches the summary recorded before the re-rooting: shape, mean, mean |x| and 16 spread samples, to 1e-4 of
     each output's scale (summation order may differ between CPUs; a behaviour change moves them far more)."""
     from nodes.comfy import bridge
     from nodes.tools.run import execute, load_prompt
 
+    bridge.set_models_dir(tiny_models)  # other tests point the bridge elsewhere
     bridge.set_output_dir(str(tmp_path))
     prompt = load_prompt(os.path.join(ROOT, "workflows", "api", "ltx25_t2v_distilled_decoder_ab.json"))
     prompt["5"]["inputs"].update({"width": 128, "height": 128, "frames": 9})
