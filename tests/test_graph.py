@@ -87,7 +87,11 @@ def test_cycle_is_refused():
 
 
 def test_cli_exits_nonzero_with_the_error_on_stderr(tmp_path, capsys, monkeypatch):
+    from nodes.comfy import bridge
     monkeypatch.setattr(run, "NODE_CLASS_MAPPINGS", CLASSES)
+    # run.main points the bridge at --models and --out: restored afterwards, or later tests lose the tiny set
+    monkeypatch.setattr(bridge, "_models_dir_override", bridge._models_dir_override)
+    monkeypatch.setattr(bridge, "_output_dir_override", bridge._output_dir_override)
     bad = json.loads(json.dumps(API))
     del bad["2"]["inputs"]["number"]
     path = tmp_path / "bad.json"
