@@ -26,7 +26,7 @@ import pytest
 PACK_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The folder name ComfyUI sees: it keys /workflow_templates, /extensions/<name>/ and `custom_nodes.<name>`.
 PACK_FOLDER = "ltx25_nodes"
-MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "latent_upscale_models")
+MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "latent_upscale_models", "loras")
 ENV_PATH, ENV_PYTHON = "COMFYUI_PATH", "COMFYUI_PYTHON"
 SKIP_REASON = (f"{ENV_PATH} is not set: set it to a ComfyUI checkout whose requirements are installed "
                f"(and {ENV_PYTHON} to that venv's python) to run the real-ComfyUI tests; see docs/COMFYUI_TESTS.md")
@@ -38,9 +38,9 @@ EXPECTED_NODES = (
     "LTX25TransformerLoader", "LTX25TextEncoderLoader", "LTX25VideoVAELoader", "LTX25AudioVAELoader",
     "LTX25UpsamplerLoader", "LTX25EncodePrompt", "LTX25Connector", "LTX25EmptyLatent", "LTX25DistilledSampler",
     "LTX25LatentUpsample", "LTX25ConvVAEDecode", "LTX25DiffusionVAEDecode", "LTX25AudioDecode",
-    "LTX25DecoderCompare", "LTX25SaveVideo")
+    "LTX25DecoderCompare", "LTX25SaveVideo", "LTX25LoraLoader", "LTX25MultimodalGuider", "LTX25GuidedSampler")
 EXPECTED_TEMPLATES = ("ltx25_t2v_distilled_conv", "ltx25_t2v_distilled_decoder_ab",
-                      "ltx25_t2v_distilled_diffusion_vae")
+                      "ltx25_t2v_distilled_diffusion_vae", "ltx25_t2v_dev_two_stage")
 
 
 # ---------------------------------------------------------------------------------------------------- locating
@@ -78,7 +78,7 @@ def make_custom_nodes_dir(root: str) -> str:
 
 
 def make_models_dir(root: str) -> str:
-    """An empty ComfyUI-style models folder (the four folders the pack reads); the tiny set is written into it."""
+    """An empty ComfyUI-style models folder (the folders the pack reads); the tiny set is written into it."""
     models = os.path.join(root, "models")
     for folder in MODEL_FOLDERS:
         os.makedirs(os.path.join(models, folder), exist_ok=True)
@@ -106,15 +106,22 @@ def api_workflows() -> list[str]:
 # The shipped graphs are sized for real weights (768×512×121); the tiny set on 2 CPU cores gets a small clip that
 # is still two-stage (multiples of 64) with 3 latent frames, like the headless workflow tests.
 SMALL_CLIP = {"width": 192, "height": 128, "frames": 17}
+# The tiny transformer has 2 blocks: STG perturbs its last one instead of the reference's block 28; 3 of the dev
+# schedule's steps exercise the guided stage as well as 30 (each runs four forwards).
+TINY_GUIDED = {"LTX25MultimodalGuider": {"video_stg_blocks": "1", "audio_stg_blocks": "1"},
+               "LTX25GuidedSampler": {"steps": 3}}
 
 
 def small_clip(prompt: dict) -> dict:
-    """A copy of an API graph whose LTX25EmptyLatent nodes ask for SMALL_CLIP; everything else is unchanged."""
+    """A copy of an API graph whose LTX25EmptyLatent nodes ask for SMALL_CLIP (and whose guided nodes fit the
+    tiny transformer, TINY_GUIDED); everything else is unchanged."""
     resized = json.loads(json.dumps(prompt))
     empties = [node for node in resized.values() if node.get("class_type") == "LTX25EmptyLatent"]
     assert empties, "the workflow has no LTX25EmptyLatent node to size"
     for node in empties:
         node["inputs"].update(SMALL_CLIP)
+    for node in resized.values():
+        node["inputs"].update(TINY_GUIDED.get(node.get("class_type"), {}))
     return resized
 
 

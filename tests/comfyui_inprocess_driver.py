@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     folder_paths.set_output_directory(args.out)
     folder_paths.set_temp_directory(os.path.join(args.out, "temp"))
-    for folder in ("diffusion_models", "text_encoders", "vae", "latent_upscale_models"):
+    for folder in ("diffusion_models", "text_encoders", "vae", "latent_upscale_models", "loras"):
         folder_paths.add_model_folder_path(folder, os.path.join(args.models, folder), is_default=True)
     # core's Load LTXV Audio VAE lists checkpoints/, not vae/
     folder_paths.add_model_folder_path("checkpoints", os.path.join(args.models, "vae"), is_default=True)

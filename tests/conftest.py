@@ -53,10 +53,13 @@ def transformer(transformer_path):
 
 @pytest.fixture(scope="session")
 def tiny_models(tiny_dir, tiny_file) -> str:
-    """The whole tiny set; also made the standalone models folder of the bridge."""
+    """The whole tiny set (and the dev template's two extra files); also made the standalone models folder of the
+    bridge."""
     from nodes.comfy import bridge as comfy_bridge
+    from nodes.tools.tiny.lora import write_tiny_dev_files
     for component in tiny.tiny_paths(tiny_dir):
         tiny_file(component)
+    write_tiny_dev_files(tiny_dir)  # the dev transformer and the distilled LoRA of the dev template
     comfy_bridge.set_models_dir(tiny_dir)
     return tiny_dir
 

@@ -15,13 +15,18 @@ from typing import Any, Mapping
 from ..ltx.release import OFFICIAL_FILES
 from ..registry import NODE_CLASS_MAPPINGS
 from .graph import execution_order, has_control_value, input_specs, is_widget
+from .tiny.lora import DEV_FILES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FILES = {component: name for component, (_folder, name) in OFFICIAL_FILES.items()}
 HF = "https://huggingface.co/Lightricks/LTX-2.5/resolve/main/"
 PROMPT = ("A red fox trots through fresh snow at dawn, breath steaming, soft golden light through pine trees; "
           "the crunch of snow and distant birdsong.")
+NEGATIVE_PROMPT = ("blurry, out of focus, low contrast, washed-out colors, heavy noise, flicker, jittery motion, "
+                   "distorted proportions, deformed faces or hands, subtitles, watermark, muted or distorted audio, "
+                   "robotic voice, audio out of sync")
 DECODER_COLORS = {"conv": ("#2a4d6e", "#1d3a55"), "diffusion": ("#6e3a2a", "#55291d")}
+DEV_NAMES = {component: name for component, (_folder, name) in DEV_FILES.items()}
 
 Spec = list[tuple[int, str, str, dict[str, Any]]]
 
@@ -46,6 +51,36 @@ def _common(stats_vae: int, seed: int = 42) -> Spec:
          {"model": (1, 0), "conditioning": (4, 0), "video_latent": (11, 0), "audio_latent": (10, 1), "seed": seed,
           "stage": "2"}),
         (15, "LTX25AudioDecode", "Audio decode", {"audio_vae": (9, 0), "audio_latent": (12, 1)}),
+    ]
+
+
+def _dev_two_stage(stats_vae: int, seed: int = 42) -> Spec:
+    """The reference's dev two-stage pipeline: the dev transformer guided at half size (negative prompt, the 2.5
+    guidance defaults, 30 Euler steps of the dev schedule), upsample, then stage 2 with the distilled LoRA on the same
+    transformer; the audio is stage 1's, as the reference decodes it."""
+    return [
+        (1, "LTX25TransformerLoader", "Transformer (dev: the full model)",
+         {"transformer_file": DEV_NAMES["dev_transformer"]}),
+        (2, "LTX25TextEncoderLoader", "Gemma-4 text encoder", {"text_encoder_file": FILES["text_encoder"]}),
+        (3, "LTX25EncodePrompt", "Prompt", {"text_encoder": (2, 0), "prompt": PROMPT}),
+        (4, "LTX25Connector", "Embeddings connectors (prompt)", {"model": (1, 0), "text_features": (3, 0)}),
+        (20, "LTX25EncodePrompt", "Negative prompt", {"text_encoder": (2, 0), "prompt": NEGATIVE_PROMPT}),
+        (21, "LTX25Connector", "Embeddings connectors (negative)", {"model": (1, 0), "text_features": (20, 0)}),
+        (22, "LTX25MultimodalGuider", "Guidance (the reference's 2.5 defaults)",
+         {"positive": (4, 0), "negative": (21, 0)}),
+        (5, "LTX25EmptyLatent", "Size (final; stage 1 runs at half)", {"width": 768, "height": 512, "frames": 121}),
+        (6, "LTX25UpsamplerLoader", "Latent upsampler x2", {"upsampler_file": FILES["upsampler"]}),
+        (9, "LTX25AudioVAELoader", "Audio VAE + vocoder", {"audio_vae_file": FILES["audio_vae"]}),
+        (10, "LTX25GuidedSampler", "Stage 1 (dev, 30 guided steps, half size)",
+         {"model": (1, 0), "guider": (22, 0), "video_latent": (5, 0), "audio_latent": (5, 1), "seed": seed}),
+        (23, "LTX25LoraLoader", "Distilled LoRA (stage 2)",
+         {"model": (1, 0), "lora_file": DEV_NAMES["distilled_lora"], "strength": 1.0}),
+        (11, "LTX25LatentUpsample", "Upsample x2",
+         {"upsampler": (6, 0), "video_vae": (stats_vae, 0), "video_latent": (10, 0)}),
+        (12, "LTX25DistilledSampler", "Stage 2 (3 steps, distilled LoRA, full size)",
+         {"model": (23, 0), "conditioning": (4, 0), "video_latent": (11, 0), "audio_latent": (10, 1), "seed": seed,
+          "stage": "2"}),
+        (15, "LTX25AudioDecode", "Audio decode (stage 1's audio)", {"audio_vae": (9, 0), "audio_latent": (10, 1)}),
     ]
 
 
@@ -93,6 +128,28 @@ WORKFLOWS: dict[str, dict[str, Any]] = {
                   14: "Processor: auto picks the fastest neighborhood attention available; steps 0 = the checkpoint's "
                       "default (1)."},
     },
+    "ltx25_t2v_dev_two_stage": {
+        "nodes": _dev_two_stage(stats_vae=7) + _conv_decode() + _diffusion_decode() + [
+            (16, "LTX25DecoderCompare", "A/B: conv vs diffusion",
+             {"images_a": (13, 0), "images_b": (14, 0), "stats_a": (13, 1), "stats_b": (14, 1)}),
+            _save(17, (13, 0), "ltx25_dev_conv", "Save conv"),
+            _save(18, (14, 0), "ltx25_dev_diffusion", "Save diffusion"),
+            _save(19, (16, 0), "ltx25_dev_side_by_side", "Save side by side", metadata=(16, 1))],
+        "notes": {
+            1: "The full (dev) model: ltx-2.5-22b-dev-transformer-bf16 in diffusion_models/, and "
+               "ltx-2.5-22b-distilled-lora-450-bf16 in loras/ (README). Keep a float weight_dtype: LoRAs cannot "
+               "patch weights kept quantized.",
+            22: "The reference's 2.5 defaults: video cfg 3, audio cfg 7, STG 1 on block 28, a2v/v2a 3, rescale 0.7. "
+                "Each kind not at its neutral value (cfg 1, stg 0, a2v/v2a 1) adds one forward per step.",
+            10: "30 Euler steps of the dev schedule, four forwards each (prompt, negative, STG, no audio-video "
+                "cross-attention). pass_batching batched runs them as one forward. The reference's HQ variant: "
+                "res_2s, 15 steps, schedule_shift 'latent tokens'.",
+            23: "Stage 2 runs the same transformer with the distilled LoRA at strength 1.0 (the reference's default; "
+                "its README examples use 0.8): 3 distilled steps, no guidance.",
+            15: "The audio is stage 1's, as the reference's dev pipeline decodes it (stage 2's audio pass only feeds "
+                "the video's cross-attention).",
+        },
+    },
 }
 
 # Every template is two-stage: with two_stage off, Latent Upsample refuses the full-size latent instead of doubling
@@ -102,7 +159,7 @@ TWO_STAGE_NOTE = ("two_stage off (one stage at width×height): also bypass 'Upsa
 for _workflow in WORKFLOWS.values():
     _workflow["notes"].setdefault(5, TWO_STAGE_NOTE)
 
-MODEL_FOLDERS = {FILES[c]: folder for c, (folder, _name) in OFFICIAL_FILES.items()}
+MODEL_FOLDERS = {name: folder for folder, name in (*OFFICIAL_FILES.values(), *DEV_FILES.values())}
 
 
 def to_api(spec: Spec, classes: Mapping[str, type] = NODE_CLASS_MAPPINGS) -> dict[str, dict]:
