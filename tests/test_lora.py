@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from nodes.comfy import bridge
 from nodes.comfy.handles import Loaded
 from nodes.comfy.lora import LTX25LoraLoader
+from nodes.ltx import streaming
 from nodes.ltx.conditioning import Conditioning
 from nodes.ltx.dit import transformer as T
 from nodes.ltx.errors import LTX25Error
@@ -197,3 +198,22 @@ def test_dense_diffs_patch_weights_and_biases(handle, targets, tmp_path):
     assert torch.equal(patched[weight_key], state[weight_key] + 0.3 * diff)
     assert torch.equal(patched[bias_key], state[bias_key] + 0.3 * diff_b)
     handle.ready()
+
+
+def test_a_lora_patched_handle_streams_with_the_resident_output(deep_transformer, tmp_path):
+    """Patches are applied before placement: a LoRA'd handle loaded under a VRAM budget below its size (blocks
+    streamed from host memory) gives the resident LoRA'd handle's output bit for bit."""
+    model = copy.deepcopy(deep_transformer)
+    base = Loaded(model, bridge.make_patcher(model), None)
+    path = tiny_lora.write_tiny_lora(str(tmp_path / "l.safetensors"), "peft", seed=5)
+    patched = base.with_weight_deltas(read_lora(path, LoraTargets.of(model, T.KEY_MAP)), 0.9)
+    want = _x0(patched.ready())
+    bridge.unload_model(patched.patcher)
+    bridge.set_vram_budget_gb((bridge.module_bytes(model) - 1) / 2**30)
+    try:
+        got = _x0(patched.ready())
+        streamed = streaming.is_streaming(model)
+    finally:
+        bridge.set_vram_budget_gb(None)
+        bridge.unload_model(patched.patcher)
+    assert streamed and all(torch.equal(a, b) for a, b in zip(got, want))
