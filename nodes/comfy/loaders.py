@@ -98,12 +98,15 @@ class LTX25TextEncoderLoader:
         return {"required": {
             "text_encoder_file": _file_input("text_encoders", "gemma4-12b-with-proj-ltx-2.5-bf16.safetensors",
                                              Kind.TEXT_ENCODER),
-            "weight_dtype": _dtype_input(as_stored=True)}}
+            "weight_dtype": _dtype_input(as_stored=True)},
+            "optional": {"device": (["auto", "cpu"], {"default": "auto", "tooltip": (
+                "auto: Gemma runs on the GPU through model management, its layers streamed from host memory when "
+                "the card is too small for it. cpu: it runs on the CPU — much slower, but it takes no GPU memory.")})}}
 
-    def load(self, text_encoder_file: str, weight_dtype: str):
+    def load(self, text_encoder_file: str, weight_dtype: str, device: str = "auto"):
         from ..ltx.text.encoder import TextEncoderSpec
         info = expect_kind(bridge.model_file_path("text_encoders", text_encoder_file), Kind.TEXT_ENCODER)
-        return (TextEncoderSpec.from_file(info.path, WEIGHT_DTYPES[weight_dtype]),)
+        return (TextEncoderSpec.from_file(info.path, WEIGHT_DTYPES[weight_dtype], device),)
 
 
 class LTX25VideoVAELoader:

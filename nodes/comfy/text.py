@@ -19,6 +19,8 @@ def split_prompts(text: str) -> list[str]:
 def _placement(spec: te.TextEncoderSpec, batch: int):
     """Engine hooks: register the module with model management, load it with the activation estimate; unload."""
     def load(module, patcher):
+        if spec.device == "cpu":  # stays where it was built: no device memory, no model management
+            return None
         patcher = patcher or bridge.make_patcher(module)
         try:
             bridge.load_models([patcher], te.working_memory(spec, batch))

@@ -53,6 +53,9 @@ KEY_MAP = KeyMap(
 # file has none either (tied to embed_tokens).
 
 
+ENCODER_DEVICES = ("auto", "cpu")
+
+
 @dataclass(frozen=True)
 class TextEncoderSpec:
     """LTX25_TEXT_ENCODER: the checked file, its Gemma config and tokenizer; no weights.
@@ -65,6 +68,7 @@ class TextEncoderSpec:
     tokenizer: GemmaTokenizer = field(compare=False, repr=False)
     video_dim: int
     audio_dim: int
+    device: str = "auto"  # "auto": the compute device through model management; "cpu": Gemma runs on the CPU
 
     @property
     def path(self) -> str:
@@ -80,7 +84,8 @@ class TextEncoderSpec:
         return self.text_config.num_hidden_layers + 1
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike, dtype: torch.dtype | None = torch.bfloat16) -> "TextEncoderSpec":
+    def from_file(cls, path: str | os.PathLike, dtype: torch.dtype | None = torch.bfloat16,
+                  device: str = "auto") -> "TextEncoderSpec":
         info = assets.expect_kind(path, Kind.TEXT_ENCODER)
         config = parse_gemma_config(info.path, info.header.metadata.get("gemma_config"))
         hidden, n_states = config.text_config.hidden_size, config.text_config.num_hidden_layers + 1
@@ -97,7 +102,9 @@ class TextEncoderSpec:
                 raise LTX25Error(info.path, f"shape of {key}", shape,
                                  f"[out, {hidden}×{n_states}] (hidden × (layers + 1) from gemma_config)")
             dims.append(shape[0])
-        return cls(info, dtype, config, _read_tokenizer(info), dims[0], dims[1])
+        if device not in ENCODER_DEVICES:
+            raise LTX25Error(info.path, "the encoder device", repr(device), " or ".join(map(repr, ENCODER_DEVICES)))
+        return cls(info, dtype, config, _read_tokenizer(info), dims[0], dims[1], device)
 
 
 def parse_gemma_config(where: str, raw: object) -> gemma_config.Gemma4UnifiedConfig:
