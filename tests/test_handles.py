@@ -100,3 +100,16 @@ def test_a_small_vram_budget_streams_the_blocks_with_the_same_output(deep_transf
         bridge.unload_model(handle.patcher)
     assert plan_streams and streamed == 3 and largest > 0  # 5 blocks: two slots + two resident fit under the size
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("variant", ["fp8", "int8-convrot"])
+def test_patches_on_a_quantized_weight_are_refused(transformer_path, tmp_path, variant):
+    """A model loaded 'as stored' keeps packed weights: a delta added to one and cast back to its storage would be
+    silently wrong, so the handle refuses it and says to load a float model."""
+    from nodes.tools.tiny.quantized import write_tiny_transformer
+    path = write_tiny_transformer(transformer_path, str(tmp_path / f"{variant}.safetensors"), variant)
+    handle = Loaded.register(T.load_transformer(path, None), inspect_asset(path))
+    key = next(k for k, t in handle.module.state_dict().items()
+               if k.startswith("dit.transformer_blocks.1.attn1") and t.dtype not in (torch.bfloat16, torch.float32))
+    with pytest.raises(LTX25Error, match="stored quantized"):
+        handle.with_weight_deltas({key: torch.zeros(handle.module.state_dict()[key].shape)})

@@ -13,6 +13,9 @@ from ..ltx.files.lora import LoraFactors
 from ..ltx.errors import LTX25Error
 
 
+PATCHABLE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
 @dataclass(frozen=True)
 class Loaded:
     """LTX25_MODEL, LTX25_VIDEO_VAE, LTX25_AUDIO_VAE, LTX25_UPSAMPLER: weights stay offloaded until `ready`.
@@ -44,6 +47,11 @@ class Loaded:
             raise LTX25Error(self.info.name, "weight patch keys", ", ".join(unknown[:3]),
                              f"keys of the model's state dict (e.g. {next(iter(known))})")
         for key, delta in deltas.items():
+            if known[key].dtype not in PATCHABLE_DTYPES:
+                # A quantized weight plus a delta, cast back to its storage, would be silently wrong.
+                raise LTX25Error(self.info.name, f"the weight {key}", f"stored quantized ({known[key].dtype})",
+                                 "a bf16, fp16 or fp32 weight", "LoRAs and weight patches need a float model: load "
+                                 "the transformer with weight_dtype bf16 (not 'as stored') to apply them.")
             if tuple(delta.shape) != tuple(known[key].shape):
                 raise LTX25Error(self.info.name, f"the patch for {key}", tuple(delta.shape), tuple(known[key].shape))
         twin = self.clone()
