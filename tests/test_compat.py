@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # how the decode side used to reach into diffusers: a private method, a forward bound onto an instance, a class
 # recognised by its name, the decoder's stage internals
 PRIVATE_TOUCHES = re.compile(r"\._inv_freqs\b|MethodType|__dict__|__name__ ==|\.trailing_pad_latent_frames\b|"
-                             r"\.det_stages\b|\.upsamples\[")
+                             r"\.det_stages\b|\.upsamples\[|_compiled_call_impl")
 
 
 def test_a_diffusers_without_what_the_pack_touches_is_refused_by_name():
@@ -30,11 +30,11 @@ def test_a_diffusers_without_what_the_pack_touches_is_refused_by_name():
     assert compat.WRITTEN_FOR in message
 
 
-def test_decode_and_kernel_modules_reach_into_diffusers_only_through_compat():
-    """The decode side and the kernels call compat for every private touch: one place to check and update when
-    diffusers changes."""
+def test_decode_kernel_and_dit_modules_reach_into_diffusers_only_through_compat():
+    """The decode side, the kernels and the DiT call compat for every private touch: one place to check and update
+    when diffusers or torch changes."""
     found = []
-    for folder in ("decode", "kernels"):
+    for folder in ("decode", "kernels", "dit"):
         directory = os.path.join(ROOT, "nodes", "ltx", folder)
         for name in sorted(os.listdir(directory)):
             if name.endswith(".py"):

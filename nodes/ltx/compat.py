@@ -8,8 +8,8 @@ function here, and before touching an object it checks that the installed diffus
 touch uses: a version without them is an LTX25Error naming the version, the attribute and the range the pack was
 written against (pyproject.toml), never an AttributeError deep in a decode. That the touches still compute what
 diffusers computes is pinned by tests against diffusers' own forward (tests/test_diffusion_vae.py,
-tests/test_fused_block.py, tests/test_na_attention.py). The DiT's touches (`_compiled_call_impl`, in
-nodes/ltx/dit/) belong here the same way.
+tests/test_fused_block.py, tests/test_na_attention.py). torch's compiled-forward slot, which the sampler switches
+to run the DiT's blocks compiled or eager, is here too.
 """
 from __future__ import annotations
 
@@ -97,3 +97,17 @@ def override_forward(module: torch.nn.Module, forward: Callable[..., torch.Tenso
         module.forward = types.MethodType(forward, module)
     else:
         module.__dict__.pop("forward", None)
+
+
+# ---------------------------------------------------------------------------------------------------- torch.compile
+def compiled_calls(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Callable]]:
+    """The compiled forwards `Module.compile` left on `model`'s submodules: torch keeps each in the private
+    `_compiled_call_impl`, which `Module.__call__` prefers when it is set."""
+    return [(m, m._compiled_call_impl) for m in model.modules() if getattr(m, "_compiled_call_impl", None) is not None]
+
+
+def set_compiled_call(module: torch.nn.Module, impl: Callable | None) -> None:
+    """Run `module` through `impl` (a compiled forward from `compiled_calls`) or, with None, eagerly again, without
+    discarding the compiled code."""
+    require(module, ("_compiled_call_impl",), "switching between compiled and eager blocks")
+    module._compiled_call_impl = impl

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import compat
 from ..errors import LTX25Error
 from ..streaming import is_streaming
 from .positions import patchify_audio, patchify_video
@@ -103,17 +104,15 @@ def release(model: torch.nn.Module) -> None:
 # ---------------------------------------------------------------------------------------------------- compilation
 def _set_compiled(model: torch.nn.Module, on: bool) -> None:
     """Compile the DiT's repeated blocks once per model (`compile_repeated_blocks`, kept as diffusers makes it);
-    `on=False` runs them eagerly again without discarding the compiled code (`Module.compile` only sets
-    `_compiled_call_impl`, which `Module.__call__` prefers when present)."""
+    `on=False` runs them eagerly again without discarding the compiled code (compat.set_compiled_call)."""
     compiled = vars(model).get("_ltx25_compiled")
     if compiled is None:
         if not on:
             return
         model.dit.compile_repeated_blocks(fullgraph=False)
-        compiled = model._ltx25_compiled = [(m, m._compiled_call_impl) for m in model.dit.modules()
-                                            if getattr(m, "_compiled_call_impl", None) is not None]
+        compiled = model._ltx25_compiled = compat.compiled_calls(model.dit)
     for module, impl in compiled:
-        module._compiled_call_impl = impl if on else None
+        compat.set_compiled_call(module, impl if on else None)
 
 
 # ---------------------------------------------------------------------------------------------------- CUDA graphs
