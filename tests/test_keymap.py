@@ -67,17 +67,26 @@ def test_removing_a_rename_row_fails_the_coverage_check():
     with pytest.raises(LTX25Error) as e:
         load_strict("f.safetensors", Net, native_state(), mutated, init_buffers=init_buffers)
     message = str(e.value)
-    assert "2 module tensors missing" in message and "blocks.0.norm_q.weight" in message
-    assert "2 file tensors unused" in message and "f.safetensors" in message
+    assert "2 tensors missing" in message and "transformer_blocks.0.norm_q.weight" in message
+    assert "2 file tensors unused" in message and "transformer_blocks.0.q_norm.weight" in message
+    assert "f.safetensors" in message
 
 
 def test_missing_tensor_and_extra_tensor_are_both_refused():
+    """Both are named as the file names them, not by the module's internal keys: a missing fused `qkv` is one
+    tensor (not its three module parts), a renamed one carries the file's prefix and segment names."""
     state = native_state()
     del state["model.diffusion_model.transformer_blocks.0.q_norm.weight"]
-    with pytest.raises(LTX25Error, match="1 module tensors missing"):
+    with pytest.raises(LTX25Error, match=r"1 tensor missing from the file \(model\.diffusion_model\."
+                                         r"transformer_blocks\.0\.q_norm\.weight\)"):
+        load_strict("f", Net, state, MAP, init_buffers=init_buffers)
+    state = native_state()
+    del state["model.diffusion_model.transformer_blocks.1.qkv.weight"]
+    with pytest.raises(LTX25Error, match=r"1 tensor missing from the file \(model\.diffusion_model\."
+                                         r"transformer_blocks\.1\.qkv\.weight\)"):
         load_strict("f", Net, state, MAP, init_buffers=init_buffers)
     state = native_state() | {"model.diffusion_model.mystery.weight": torch.zeros(1)}
-    with pytest.raises(LTX25Error, match="1 file tensors unused .*mystery"):
+    with pytest.raises(LTX25Error, match="1 file tensor unused .*model.diffusion_model.mystery"):
         load_strict("f", Net, state, MAP, init_buffers=init_buffers)
 
 

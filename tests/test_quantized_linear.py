@@ -209,7 +209,7 @@ NAMED = r"transformer_blocks\.1\.ff\.net\.2\."  # the layer, under its file or i
                                          LAYER + ".weight_scale": torch.ones(256, 1)}),
      NAMED + r"weight( is)? \(256, 64\)"),
     ("fp8", lambda t: t.update({"model.diffusion_model.stray.weight_scale": torch.tensor(1.0)}),
-     r"file tensors unused \(dit\.stray\.weight_scale\)"),
+     r"1 file tensor unused \(model\.diffusion_model\.stray\.weight_scale\)"),  # the file's name for it
 ])
 def test_bad_quantized_files_are_refused_by_file_and_key(quantized_transformer, tmp_path, variant, edit, what):
     """A missing scale, a scale or packed weight of the wrong shape, a stray scale: LTX25Error naming the file and

@@ -104,6 +104,19 @@ class KeyMap:
                 mapped[self.rename(key)] = tensor
         return mapped, dropped
 
+    def native_name(self, module_key: str) -> str:
+        """The file's name for one module key (what `apply` maps to it): renames run backwards, then a split part
+        named by its fused tensor. Errors name the keys a user can look for in the file."""
+        key = module_key
+        for rename in reversed(self.renames):
+            key = rename.backward(key)
+        for split in self.splits:
+            for part in split.parts:
+                pattern = split._pattern(part)
+                if pattern.search(key):
+                    return pattern.sub(split.native, key, count=1)
+        return key
+
     def to_native(self, module_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Module state dict → native names (the inverse of `apply`, without the dropped keys)."""
         native: dict[str, torch.Tensor] = {}
@@ -124,19 +137,24 @@ def _first(names: Iterable[str], n: int = 5) -> str:
     return ", ".join(names[:n]) + (f" … (+{len(names) - n})" if len(names) > n else "")
 
 
+def _count(names: set, noun: str) -> str:
+    return f"{len(names)} {noun}" + ("" if len(names) == 1 else "s")
+
+
 def check_coverage(where: object, key_map: KeyMap, module: torch.nn.Module, mapped: Mapping[str, torch.Tensor]) -> None:
-    """Every persistent parameter/buffer filled with the right shape, and every mapped file key used."""
+    """Every persistent parameter/buffer filled with the right shape, and every mapped file key used. Errors name
+    the tensors as the file names them (`KeyMap.native_name`)."""
     expected = module.state_dict()
-    missing = expected.keys() - mapped.keys()
-    unexpected = mapped.keys() - expected.keys()
+    missing = {key_map.native_name(k) for k in expected.keys() - mapped.keys()}
+    unexpected = {key_map.native_name(k) for k in mapped.keys() - expected.keys()}
     if missing or unexpected:
         raise LTX25Error(
             where, f"key coverage for {key_map.name}",
-            f"{len(missing)} module tensors missing from the file ({_first(missing)}) and {len(unexpected)} file "
-            f"tensors unused ({_first(unexpected)})",
-            f"all {len(expected)} module tensors filled and every file key used or on the drop list",
+            f"{_count(missing, 'tensor')} missing from the file ({_first(missing)}) and "
+            f"{_count(unexpected, 'file tensor')} unused ({_first(unexpected)})",
+            f"all {len(expected)} tensors of the model present and every file key used or on the drop list",
             "The file is damaged, from another model, or the key map lacks a row.")
-    wrong = [f"{k} {tuple(mapped[k].shape)}≠{tuple(v.shape)}" for k, v in expected.items()
+    wrong = [f"{key_map.native_name(k)} {tuple(mapped[k].shape)}≠{tuple(v.shape)}" for k, v in expected.items()
              if tuple(mapped[k].shape) != tuple(v.shape)]
     if wrong:
         raise LTX25Error(where, f"tensor shapes for {key_map.name}", _first(wrong, 3), "the shapes its config implies",
