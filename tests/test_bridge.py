@@ -29,6 +29,9 @@ class FakePatcher:
     def apply_patches(self) -> bool:
         return False
 
+    def planned_working_memory(self) -> int:
+        return 1 << 62  # the fake never re-plans
+
     def place(self, _memory_required: int) -> None:
         self.on_device = True
 

@@ -113,3 +113,24 @@ def test_patches_on_a_quantized_weight_are_refused(transformer_path, tmp_path, v
                if k.startswith("dit.transformer_blocks.1.attn1") and t.dtype not in (torch.bfloat16, torch.float32))
     with pytest.raises(LTX25Error, match="stored quantized"):
         handle.with_weight_deltas({key: torch.zeros(handle.module.state_dict()[key].shape)})
+
+
+def test_a_heavier_phase_replans_the_placement(deep_transformer):
+    """Placed first for a light phase (the connectors' small working memory), the model is placed again when a
+    phase asks for more working memory (sampling): fewer blocks stay resident, so the slots and activations fit the
+    budget (on the H200 the old placement ran out of memory allocating the slots)."""
+    model = copy.deepcopy(deep_transformer)
+    handle = Loaded(model, bridge.make_patcher(model), None)
+    largest = max(bridge.module_bytes(b) for b in streaming.blocks_of(model))
+    bridge.set_vram_budget_gb((bridge.module_bytes(model) - 1) / 2**30)
+    try:
+        handle.ready(0)
+        light = streaming.streamer_of(model).streamed_count
+        handle.ready(largest)
+        heavy = streaming.streamer_of(model).streamed_count
+        handle.ready(0)  # a light phase again keeps the heavier plan
+        again = streaming.streamer_of(model).streamed_count
+    finally:
+        bridge.set_vram_budget_gb(None)
+        bridge.unload_model(handle.patcher)
+    assert (light, heavy, again) == (3, 4, 4)

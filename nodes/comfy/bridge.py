@@ -199,6 +199,11 @@ class StandalonePatcher:
         """Placed on the device by `place` (wholly, or with its blocks streaming) and not unloaded since."""
         return vars(self.model).get("_ltx25_placed") is not None
 
+    def planned_working_memory(self) -> int:
+        """The working memory the current placement left room for (0 when not placed)."""
+        placed = vars(self.model).get("_ltx25_placed")
+        return placed[2] if placed is not None else 0
+
     def place(self, memory_required: int) -> None:
         """Put the model on the device within what is free (plus what it already holds there) or the set budget,
         streaming the blocks that do not fit; the plan is logged."""
@@ -210,7 +215,7 @@ class StandalonePatcher:
         budget = min(available, cap) if cap is not None else available
         name = type(self.model).__name__
         plan = streaming.place(self.model, device, budget, memory_required, where=name)
-        vars(self.model)["_ltx25_placed"] = (str(device), budget)
+        vars(self.model)["_ltx25_placed"] = (str(device), budget, memory_required)
         show_on_node(plan.describe(name))
 
     def unload(self) -> None:
@@ -347,8 +352,10 @@ def load_models(patchers: list, memory_required: int = 0) -> None:
         changed = p.apply_patches()
         if changed and p.on_unload is not None:
             p.on_unload(p.model)  # graphs and compiled blocks captured the other weights
-        if changed or not p.is_loaded():
-            p.place(memory_required)
+        # A placement made for a lighter phase (the connectors) leaves too little room for a heavier one (sampling):
+        # plan again for the larger working memory; the larger plan then serves both.
+        if changed or not p.is_loaded() or memory_required > p.planned_working_memory():
+            p.place(max(memory_required, p.planned_working_memory()))
         if p not in live:
             _standalone_loaded.append(weakref.ref(p))
 
