@@ -49,6 +49,7 @@ def test_explicit_graph_mode_off_cuda_is_refused(transformer, mode):
     with pytest.raises(LTX25Error, match="CUDA") as info:
         A.make_denoiser(transformer, conditioning(), 24.0, mode)
     assert info.value.where == "acceleration" and "cpu" in str(info.value) and "auto" in str(info.value)
+    assert f"the mode is '{mode}' with the model on the cpu, expected a CUDA device" in str(info.value)
 
 
 def test_unknown_mode_is_refused(transformer):

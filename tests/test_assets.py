@@ -52,6 +52,32 @@ def test_wrong_component_in_a_slot_names_what_it_is_and_what_the_slot_wants(tmp_
     assert "conv video VAE" in str(e.value) and "latent upsampler" in str(e.value) and path in str(e.value)
 
 
+def test_a_slot_of_several_kinds_names_them_all_with_their_articles(tmp_path):
+    """The video-VAE slot takes both video VAEs: an audio VAE there is "an audio VAE", and the slot wants "a
+    diffusion video VAE or a conv video VAE" (not only the conv one)."""
+    path = write(tmp_path / "audio.safetensors", *FILES[Kind.AUDIO_VAE])
+    with pytest.raises(LTX25Error, match="this file is an audio VAE, expected a diffusion video VAE or a conv "
+                                         "video VAE for this slot"):
+        assets.expect_kind(path, (Kind.DIFFUSION_VAE, Kind.CONV_VAE))
+    assert assets.expect_kind(path, (Kind.AUDIO_VAE, Kind.UPSAMPLER)).kind is Kind.AUDIO_VAE
+
+
+@pytest.mark.parametrize("zip_format", [True, False], ids=["torch.save zip", "legacy pickle"])
+def test_a_pickle_checkpoint_is_refused_saying_only_safetensors_are_read(tmp_path, zip_format):
+    """A .ckpt/.pt renamed to .safetensors is refused before anything unpickles it, and the message says why:
+    the pack reads safetensors files only. A real safetensors file whose header length starts with the pickle
+    opcode byte (0x80) is still read."""
+    path = tmp_path / "model.safetensors"
+    torch.save({"w": torch.zeros(3)}, path, _use_new_zipfile_serialization=zip_format)
+    with pytest.raises(LTX25Error, match="pickle") as error:
+        assets.read_header(path)
+    assert "safetensors files only" in str(error.value), error.value
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    header += b" " * (0x280 - len(header))  # length 640: the first byte is 0x80
+    (tmp_path / "real.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(4))
+    assert assets.read_header(tmp_path / "real.safetensors").tensors["w"].shape == (1,)
+
+
 def test_truncated_file_is_refused_with_its_path(tmp_path):
     """A download cut short leaves tensors pointing past the end of the file."""
     path = write(tmp_path / "cut.safetensors", {"initial_conv.weight": torch.zeros(64, 64)})

@@ -439,6 +439,17 @@ def test_decode_node_refuses_a_diffusion_vae_and_bad_latents(tiny_file, tmp_path
         node.decode(conv, {"samples": _latent(1, 8, 26, 16)}, *args)
 
 
+def test_decode_node_points_an_audio_vae_to_the_audio_decoder_not_the_diffusion_one(tiny_file):
+    """An audio VAE in the video-VAE slot is named as one ("an audio VAE") and sent to LTX-2.5 Audio Decode; the
+    hint for the other video decoder is kept for the diffusion VAE only."""
+    from nodes.ltx.audio_vae import load_audio_vae
+    path = tiny_file("audio_vae")
+    audio = Loaded(load_audio_vae(path, torch.float32), None, inspect_asset(path))
+    with pytest.raises(LTX25Error, match="is an audio VAE") as error:
+        LTX25ConvVAEDecode().decode(audio, {"samples": _latent(1, 128, 2, 2, 2)}, "auto", 80, 768, 24, 64, 0.0)
+    assert "Audio Decode" in str(error.value) and "Diffusion VAE Decode" not in str(error.value), error.value
+
+
 def test_decode_node_returns_images_and_stats(tiny_file):
     """Through model management (standalone bridge): IMAGE `[F, H, W, 3]` and conv decode stats."""
     loaded = Loaded.register(cv.load_conv_vae(tiny_file("conv_vae")), inspect_asset(tiny_file("conv_vae")))

@@ -37,7 +37,7 @@ def test_loader_widgets_list_the_official_names_of_their_own_kind(tiny_models):
 @pytest.mark.parametrize("loader, folder, component, expected", [
     (LTX25UpsamplerLoader, "latent_upscale_models", "conv_vae", "conv video VAE"),
     (LTX25AudioVAELoader, "vae", "conv_vae", "conv video VAE"),
-    (LTX25VideoVAELoader, "vae", "audio_vae", "audio VAE"),
+    (LTX25VideoVAELoader, "vae", "audio_vae", "is an audio VAE, expected a diffusion video VAE or a conv video VAE"),
 ])
 def test_a_file_in_the_wrong_slot_is_refused_by_the_node(tiny_models, tmp_path, loader, folder, component, expected):
     import os

@@ -128,13 +128,42 @@ def test_unavailable_backends_are_errors_not_fallbacks(monkeypatch):
 
 
 def test_processors_on_cpu_resolve_to_the_installed_libraries():
-    """Here (CPU, natten without libnatten, comfy_kitchen eager) every choice runs and auto is sdpa."""
+    """Here (CPU, natten without libnatten, comfy_kitchen eager) auto is sdpa and sdpa and comfy_kitchen run;
+    triton (its CPU path is Triton's interpreter, for tests only) and natten are refused by name."""
     cpu = torch.device("cpu")
-    names = {p: na.make_processor(p, cpu).name for p in na.PROCESSORS if p != "triton"}
-    assert names == {"auto": "sdpa", "sdpa": "sdpa", "natten": "natten", "comfy_kitchen": "comfy_kitchen"}
-    with pytest.raises(LTX25Error, match="triton.*CUDA"):  # its CPU path is Triton's interpreter, for tests only
-        na.make_processor("triton", cpu)
+    names = {p: na.make_processor(p, cpu).name for p in na.PROCESSORS if p not in ("triton", "natten")}
+    assert names == {"auto": "sdpa", "sdpa": "sdpa", "comfy_kitchen": "comfy_kitchen"}
+    with pytest.raises(LTX25Error, match="the triton processor is unavailable here \\(the device is cpu"):
+        na.make_processor("triton", cpu, "LTX25DiffusionVAEDecode.processor")
     assert "eager" in na.comfy_kitchen_backends()
+
+
+@pytest.mark.parametrize("libnatten", [False, True])
+def test_natten_is_refused_on_the_cpu_saying_why_and_what_to_pick(monkeypatch, libnatten):
+    """On the CPU natten runs uncompiled flex attention, which holds every score at once (GiBs and tens of
+    seconds for a 128×128×9 clip; a ComfyUI server was OOM-killed at 256×192×25) and cannot be interrupted: it
+    is refused before anything runs, even with libnatten installed (its kernels are CUDA only), naming the node's
+    input, the reason and sdpa."""
+    monkeypatch.setattr(na, "natten_status", lambda: (True, libnatten))
+    with pytest.raises(LTX25Error) as error:
+        na.make_processor("natten", torch.device("cpu"), "LTX25DiffusionVAEDecode.processor")
+    message = str(error.value)
+    assert message.startswith("LTX25DiffusionVAEDecode.processor: the natten processor is asked to run on the cpu")
+    assert "flex attention" in message and "Pick sdpa" in message, message
+
+
+def test_the_decode_node_refuses_natten_on_the_cpu_before_loading_the_weights(tiny_file, monkeypatch):
+    """The node resolves its processor first: natten on the CPU fails without the VAE being made ready."""
+    from nodes.comfy.decode_diffusion import LTX25DiffusionVAEDecode
+    from nodes.comfy.handles import Loaded
+    from nodes.ltx.decode import diffusion_vae as dv
+    from nodes.ltx.files.assets import inspect_asset
+    path = tiny_file("diffusion_vae")
+    handle = Loaded.register(dv.load_diffusion_vae(path, torch.float32), inspect_asset(path))
+    monkeypatch.setattr(Loaded, "ready", lambda *a: pytest.fail("the weights were loaded before the refusal"))
+    latent = {"samples": torch.zeros(1, 128, 2, 2, 2)}
+    with pytest.raises(LTX25Error, match="natten processor is asked to run on the cpu"):
+        LTX25DiffusionVAEDecode().decode(handle, latent, "natten", 0, 0, "auto", 80, 512, 40, 160, 0.0)
 
 
 def test_processors_agree_on_the_tiny_decoder(tiny_file):

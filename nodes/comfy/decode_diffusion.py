@@ -5,7 +5,7 @@ from . import bridge
 from .handles import latent_for_decoder
 from .decode_tiling import tiling_inputs
 from ..ltx.decode.tiling import TilingRequest
-from ..ltx.kernels.na_attention import PROCESSORS
+from ..ltx.kernels.na_attention import PROCESSORS, make_processor
 
 CATEGORY = "LTX-2.5/decode"
 NODE = "LTX25DiffusionVAEDecode"
@@ -13,8 +13,10 @@ PROCESSOR_INPUT = (list(PROCESSORS), {"default": "auto", "tooltip": (
     "Neighborhood-attention backend. auto: the fastest one this machine has (NVIDIA Ampere or newer with Triton: "
     "the pack's triton kernel; other CUDA GPUs: comfy_kitchen for the small windows and sdpa for the 11x11x11 "
     "pixel stage; sdpa otherwise). sdpa: exact blocked PyTorch attention, runs anywhere. triton: the "
-    "pack's fused kernel. "
-    "All give the same video within float tolerance.")})
+    "pack's fused kernel (CUDA GPUs, Ampere or newer). comfy_kitchen: its fused kernels on a CUDA GPU (slower than "
+    "sdpa on the CPU). natten: NATTEN's CUDA kernels (a GPU and a natten build with libnatten; refused elsewhere, "
+    "where it would need gigabytes per call). They compute the same attention, so the video differs only by "
+    "rounding; speed and memory differ a lot.")})
 # 512 px and 80-frame manual tiles; the overlaps are the released decoder's smallest safe ones
 TILING_INPUTS = tiling_inputs(80, 512, 40, 160, "At least the decoder's receptive field (40 frames / 160 px for the "
                               "released decoder); a smaller overlap is refused, as it would leave seams.")
@@ -48,8 +50,10 @@ class LTX25DiffusionVAEDecode:
                                      "LTX-2.5 Conv VAE Decode")
         request = TilingRequest(tiling, tile_frames, tile_pixels, overlap_frames, overlap_pixels, memory_budget_gb)
         request.check(NODE)
+        # before the weights load: a processor that cannot run here is refused at once
+        attention = make_processor(processor, bridge.compute_device(), f"{NODE}.processor")
         vae = video_vae.ready(engine.working_memory(video_vae.module, tuple(samples.shape), request))
-        images, stats = engine.decode(vae, samples, processor=processor, steps=steps, seed=seed, request=request,
+        images, stats = engine.decode(vae, samples, processor=attention, steps=steps, seed=seed, request=request,
                                       free_memory=bridge.free_device_memory(),
                                       on_step=bridge.step_callback(1, "diffusion VAE decode"),
                                       out_device=bridge.intermediate_device(), where=NODE)

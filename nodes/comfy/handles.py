@@ -8,7 +8,7 @@ from typing import Callable, Mapping
 import torch
 
 from . import bridge
-from ..ltx.files.assets import AssetInfo
+from ..ltx.files.assets import AssetInfo, Kind
 from ..ltx.files.lora import LoraFactors
 from ..ltx.errors import LTX25Error
 
@@ -73,8 +73,15 @@ def latent_for_decoder(node: str, video_vae: Loaded, latent, kind: str, file: st
     from ..ltx.latents import VIDEO_STREAM, check_video_latent, unbind_av
     found = getattr(video_vae.module, "kind", None)
     if found != kind:
-        raise LTX25Error(f"{node}.video_vae", "the connected video VAE", f"a {found or 'non-LTX'} VAE "
-                         f"({video_vae.info.name})", f"the {kind} VAE ({file})",
-                         f"Decode it with the {other_node} node, or load the {kind} VAE here.")
+        if found is not None:  # the other video decoder
+            what, hint = f"the {found} VAE", f"Decode with the {other_node} node, or load the {kind} VAE here."
+        else:
+            file_kind = getattr(getattr(video_vae, "info", None), "kind", None)
+            what = file_kind.with_article if file_kind is not None else "not an LTX-2.5 video VAE"
+            hint = f"Load the {kind} VAE here with LTX-2.5 Load Video VAE" + (
+                "; the audio VAE decodes the audio latent in LTX-2.5 Audio Decode." if file_kind is Kind.AUDIO_VAE
+                else ".")
+        raise LTX25Error(f"{node}.video_vae", "the connected VAE", f"{what} ({video_vae.info.name})",
+                         f"the {kind} VAE ({file})", hint)
     samples = unbind_av(latent.get("samples") if isinstance(latent, dict) else latent, VIDEO_STREAM, f"{node}.latent")
     return check_video_latent(samples, f"{node}.latent")

@@ -125,16 +125,12 @@ class LTX25VideoVAELoader:
             "weight_dtype": _dtype_input()}}
 
     def load(self, vae_file: str, weight_dtype: str):
-        path = bridge.model_file_path("vae", vae_file)
-        from ..ltx.files.assets import inspect_asset
-        kind = inspect_asset(path).kind
-        if kind is Kind.DIFFUSION_VAE:
+        info = expect_kind(bridge.model_file_path("vae", vae_file), (Kind.DIFFUSION_VAE, Kind.CONV_VAE))
+        if info.kind is Kind.DIFFUSION_VAE:
             from ..ltx.decode.diffusion_vae import load_diffusion_vae as load
         else:
             from ..ltx.decode.conv_vae import load_conv_vae as load
-            kind = Kind.CONV_VAE  # expect_kind below names the file and its real kind if it is neither
-        info = expect_kind(path, kind)
-        label = "diffusion" if kind is Kind.DIFFUSION_VAE else "conv"
+        label = "diffusion" if info.kind is Kind.DIFFUSION_VAE else "conv"
         return (Loaded.register(load(info.path, WEIGHT_DTYPES[weight_dtype]), info), label)
 
 

@@ -56,7 +56,8 @@ def resolve_mode(mode: str, device: torch.device) -> str:
     if mode not in MODES:
         raise LTX25Error("acceleration", "the mode", repr(mode), " / ".join(("auto", *MODES)))
     if MODES[mode].graph and device.type != "cuda":
-        raise LTX25Error("acceleration", f"'{mode}' with the model on", str(device), "a CUDA device",
+        raise LTX25Error("acceleration", "the mode", f"'{mode}' with the model on the {device.type}",
+                         "a CUDA device for it",
                          "CUDA graphs need a CUDA GPU. Choose 'auto' (eager off CUDA) or 'eager'.")
     return mode
 

@@ -29,6 +29,11 @@ class Kind(str, enum.Enum):
     AUDIO_VAE = "audio VAE"
     UPSAMPLER = "latent upsampler"
 
+    @property
+    def with_article(self) -> str:
+        """'an audio VAE', 'a transformer': the kind as a message names it."""
+        return ("an " if self.value[0] in "aeiou" else "a ") + self.value
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -63,6 +68,14 @@ KIND_RULES: tuple[KindRule, ...] = (
 )
 
 
+# How the files this pack never reads begin: torch.save writes a zip (or, before PyTorch 1.6, a bare pickle stream,
+# protocol 2+ starting with the PROTO opcode 0x80).
+PICKLE_SIGNATURES = {b"PK\x03\x04": "a PyTorch checkpoint (torch.save zip with a pickle inside)",
+                     b"\x80": "a Python pickle (an old torch.save / .ckpt / .bin)"}
+SAFETENSORS_ONLY = ("This pack reads .safetensors files only: loading a pickle can run any code it holds. Use the "
+                    "official .safetensors release (or convert the file with safetensors' own tools).")
+
+
 def read_header(path: str | os.PathLike) -> Header:
     """Parse the safetensors header (8-byte length + JSON) and check every tensor lies inside the file."""
     path = os.fspath(path)
@@ -70,12 +83,17 @@ def read_header(path: str | os.PathLike) -> Header:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
             raw_len = f.read(8)
+            for signature, what in PICKLE_SIGNATURES.items():  # a safetensors header's JSON opens with "{"
+                if raw_len.startswith(signature) and f.read(1) != b"{":
+                    raise LTX25Error(path, "the file", what, "a safetensors file", SAFETENSORS_ONLY)
+                f.seek(8)
             if len(raw_len) < 8:
                 raise LTX25Error(path, "the file", f"{size} bytes long", "a safetensors file (8-byte header length)")
             (n,) = struct.unpack("<Q", raw_len)
             if n > min(_MAX_HEADER_BYTES, size - 8):
                 raise LTX25Error(path, "the header length", n, f"at most {min(_MAX_HEADER_BYTES, size - 8)} bytes",
-                                 "The file is truncated or not a safetensors file.")
+                                 "The file is truncated or not a safetensors file (the only format this pack "
+                                 "reads).")
             header = json.loads(f.read(n))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise LTX25Error(path, "the safetensors header", f"unreadable ({e})", "a JSON header",
@@ -181,12 +199,15 @@ def inspect_asset(path: str | os.PathLike) -> AssetInfo:
     return _inspect_cached(path, st.st_mtime_ns, st.st_size)
 
 
-def expect_kind(path: str | os.PathLike, kind: Kind) -> AssetInfo:
-    """Inspect and refuse a file of the wrong kind, or a model_version this pack does not run."""
+def expect_kind(path: str | os.PathLike, kind: Kind | tuple[Kind, ...]) -> AssetInfo:
+    """Inspect and refuse a file of the wrong kind (a slot may take several), or a model_version this pack does
+    not run."""
     info = inspect_asset(path)
-    if info.kind is not kind:
-        raise LTX25Error(info.path, "this file", f"a {info.kind.value}", f"a {kind.value} for this slot",
-                         f"Pick the {kind.value} file (official names in the README).")
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if info.kind not in kinds:
+        wanted = " or ".join(k.with_article for k in kinds)
+        raise LTX25Error(info.path, "this file", info.kind.with_article, f"{wanted} for this slot",
+                         f"Pick {wanted} file (official names in the README).")
     if info.model_version is not None and not info.model_version.startswith(SUPPORTED_MODEL_VERSIONS):
         raise LTX25Error(info.path, "model_version", info.model_version,
                          " or ".join(v + ".x" for v in SUPPORTED_MODEL_VERSIONS),

@@ -371,10 +371,13 @@ def choose_processor(requested: str, device_type: str, ck_backends: tuple[str, .
     return "sdpa"
 
 
-def make_processor(requested: str, device: torch.device) -> NeighborhoodAttnProcessor:
-    """The processor `requested` resolves to on `device`, or an `LTX25Error` saying why it cannot run."""
+def make_processor(requested: str, device: torch.device, where: str = WHERE) -> NeighborhoodAttnProcessor:
+    """The processor `requested` resolves to on `device`, or an `LTX25Error` naming `where` (the node's input) and
+    saying why it cannot run. NATTEN runs only with its CUDA kernels: elsewhere it falls back to uncompiled flex
+    attention, which holds every score of a call at once (gigabytes for a small clip, tens of GB beyond, some 20×
+    sdpa's memory) and cannot be interrupted, so it is refused rather than left to exhaust memory."""
     if requested not in PROCESSORS:
-        raise LTX25Error(WHERE, "the attention processor", repr(requested), " / ".join(PROCESSORS))
+        raise LTX25Error(where, "the attention processor", repr(requested), " / ".join(PROCESSORS))
     from . import na_triton
     ck, nat = comfy_kitchen_backends(), natten_status()
     # asked only when it may be picked: its first launch compiles a kernel
@@ -386,22 +389,28 @@ def make_processor(requested: str, device: torch.device) -> NeighborhoodAttnProc
         return ByWindowProcessor(ComfyKitchenNAProcessor(), SdpaNAProcessor())
     if name == "triton":
         if not triton_ok:
-            raise LTX25Error(WHERE, "triton", triton_why, "Triton and a CUDA GPU (Ampere or newer)",
-                             "Pick sdpa (any device).")
+            raise LTX25Error(where, "the triton processor", f"unavailable here ({triton_why})",
+                             "Triton and a CUDA GPU (Ampere or newer)", "Pick sdpa (any device) or auto.")
         return TritonNAProcessor()
     if name == "natten":
         if not nat[0]:
-            raise LTX25Error(WHERE, "natten", "not installed", "an importable natten package",
+            raise LTX25Error(where, "the natten processor", "not installed", "an importable natten package",
                              "pip install natten (build with NATTEN_CUDA_ARCH set for GPU kernels), or pick sdpa.")
-        if device.type == "cuda" and not nat[1]:
-            raise LTX25Error(WHERE, "natten", "installed without libnatten (flex attention only)",
+        if device.type != "cuda":
+            raise LTX25Error(where, "the natten processor", f"asked to run on the {device.type}",
+                             "a CUDA GPU (NATTEN's kernels are CUDA only)",
+                             "On the CPU natten falls back to uncompiled flex attention, which holds every attention "
+                             "score at once: gigabytes and minutes for a 128×128×9 clip, tens of GB beyond, and it "
+                             "cannot be interrupted. Pick sdpa (or auto): exact, the same video, far faster here.")
+        if not nat[1]:
+            raise LTX25Error(where, "the natten processor", "installed without libnatten (flex attention only)",
                              "a build with its CUDA kernels",
                              "Uncompiled flex materializes the full score matrix (hundreds of GiB at real sizes). "
                              "Rebuild natten with NATTEN_CUDA_ARCH=9.0 on this machine, or pick comfy_kitchen/sdpa.")
         return NattenNAProcessor()
     if not ck:
-        raise LTX25Error(WHERE, "comfy_kitchen", "not installed (or offers no na3d)", "comfy-kitchen with na3d",
-                         "pip install comfy-kitchen, or pick sdpa.")
+        raise LTX25Error(where, "the comfy_kitchen processor", "not installed (or offers no na3d)",
+                         "comfy-kitchen with na3d", "pip install comfy-kitchen, or pick sdpa.")
     return ComfyKitchenNAProcessor()
 
 
