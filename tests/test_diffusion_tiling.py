@@ -218,3 +218,51 @@ def test_spans_are_value_objects_without_tensors():
     tiles = schedule.tiles()
     assert len({t.t for t in tiles}) == schedule.grid[0]
     assert len(tiles) == schedule.tile_count == len(set(itertools.product(*schedule.spans)))
+
+
+# ------------------------------------------------------------------------------- stages 1-3 in slabs (planner)
+FUSED = dt.MemoryModel(stage5_coef=dt.FUSED_STAGE5_COEF)
+FULL_HD = {121: (16, 34, 60), 241: (31, 34, 60)}  # 1920×1088 latents
+
+
+@pytest.mark.parametrize("frames,budget_gib,slabbed", [
+    (121, 8.0, False), (121, 4.5, False),   # the whole-clip stages 1-3 fit: the plan is the old one
+    (241, 8.0, False), (241, 5.0, True),    # 5.0 < the old 5.39 GiB floor: only slabs fit
+    (241, 4.35, True), (121, 4.35, True)])
+def test_planner_slabs_stages_1_to_3_only_when_the_whole_clip_does_not_fit(frames, budget_gib, slabbed):
+    """Stages 1-3 run on the whole clip whenever some schedule fits that way (outputs that fit before do not
+    change); below that they run in slabs, and the chosen schedule's estimate fits the budget."""
+    schedule = dt.plan_auto(RELEASED, FULL_HD[frames], int(budget_gib * GiB), FUSED)
+    assert (schedule.pre_chunk is not None) == slabbed
+    assert FUSED.estimate(schedule) <= budget_gib * GiB
+    if slabbed:  # the slabs cover each group's features exactly as the driver will cut them
+        for span in schedule.spans[0]:
+            p0, p1 = schedule.group_pre_frames(span)
+            chunks = [chunk for chunk, _ in schedule.pre_slabs(span)]
+            assert chunks[0][0] == p0 and chunks[-1][1] == p1
+            assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+            for chunk, slab in schedule.pre_slabs(span):
+                (first, end), _ = RELEASED.slab_trace(*slab, schedule.ghosted_frames)
+                assert first <= chunk[0] and chunk[1] <= end and RELEASED.slab_fits(*slab, schedule.ghosted_frames)
+
+
+def test_slabbed_floor_does_not_grow_with_the_clip():
+    """At 1920×1088 the budget floor at 241 frames is ≤ 1.1× the one at 121 (it was 5.39 vs 4.41 GiB with stages
+    1-3 on the whole clip): 241 frames plan within 4.31 GiB while 121 frames are refused at 4.31/1.1 GiB."""
+    budget = int(4.31 * GiB)
+    assert dt.plan_auto(RELEASED, FULL_HD[241], budget, FUSED).pre_chunk is not None
+    with pytest.raises(LTX25Error, match="smallest legal tiles"):
+        dt.plan_auto(RELEASED, FULL_HD[121], int(budget / 1.1), FUSED)
+
+
+def test_slab_arithmetic_widens_by_the_temporal_reach_of_stages_1_to_3():
+    """Released config: each of the 4 + 6 stage-1/2 blocks and 4 stage-3 blocks (temporal kernel 3) costs one
+    frame per cut edge, stage 3 at twice the latent rate: an interior slab loses 10 latent frames and then 4 frames
+    after the ×2 upsample on each side; a slab at the clip's start or end loses nothing on that side."""
+    (first, end), _ = RELEASED.slab_trace(12, 36, 40)
+    assert (first, end) == (2 * (12 + 10) - 1 + 4, 2 * (36 - 10) - 1 - 4)
+    assert RELEASED.slab_trace(0, 40, 40)[0] == (0, 2 * 40 - 1)
+    assert RELEASED.slab_trace(0, 20, 40)[0] == (0, 2 * (20 - 10) - 1 - 4)
+    start, stop = RELEASED.slab_for_pre((30, 31), 40)
+    assert RELEASED.slab_trace(start, stop, 40)[0][0] <= 30 and RELEASED.slab_fits(start, stop, 40)
+    assert RELEASED.slab_trace(start + 1, stop, 40)[0][0] > 30  # the smallest: one frame less no longer covers

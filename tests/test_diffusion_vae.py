@@ -2,6 +2,7 @@
 stage functions, tiling fidelity, the stage-5 scheduler loop, interrupts, and the decode node."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import types
@@ -366,3 +367,46 @@ def test_the_memory_model_counts_the_blend_frames_the_decode_keeps(vae, monkeypa
                            dt.MemoryModel(accumulator_bytes=0).estimate(schedule))
     _, height, width = schedule.canvas
     assert (with_blend - without) // (3 * height * width * 2) == _BlendTracker.most
+
+
+# ------------------------------------------------------------------------------------ stages 1-3 in slabs
+def test_slabbed_stages_1_to_3_equal_the_whole_clip_on_every_slab(vae):
+    """Every latent slab the geometry says can run gives the whole clip's stages-1-3 features, to float rounding
+    relative to their scale, at exactly the frames `slab_trace` predicts: a halo too small (too little cut off a
+    slab's edge) or a wrong causal frame mapping would differ by the features' own size."""
+    decoder, geometry = vae.model.decoder, vae.config.geometry()
+    z = torch.randn(1, 128, 7, 3, 3, generator=torch.Generator().manual_seed(11))
+    ghosted = torch.cat([z, z[:, :, -1:].expand(-1, -1, geometry.ghost_latent_frames, -1, -1)], dim=2)
+    total, ran = ghosted.shape[2], 0
+    with torch.inference_mode():
+        full = compat.stages_1_to_3_before_last_upsample(decoder, z)
+        scale = full.abs().max()
+        for start in range(total):
+            for stop in range(start + 1, total + 1):
+                if not geometry.slab_fits(start, stop, total):
+                    continue
+                got, first = compat.stages_1_to_3_slab(decoder, ghosted[:, :, start:stop], start, total)
+                assert (first, first + got.shape[1]) == geometry.slab_trace(start, stop, total)[0], (start, stop)
+                err = (got - full[:, first:first + got.shape[1]]).abs().max() / scale
+                assert err < 1e-5, f"slab {start}:{stop}: relative error {err:.2e}"
+                ran += 1
+    assert ran > total  # interior, leading, trailing and whole slabs all ran
+
+
+@pytest.mark.parametrize("pre_chunk", [1, 3])
+def test_slabbed_decode_equals_the_whole_clip_decode(vae, monkeypatch, pre_chunk):
+    """A temporally tiled decode whose stages 1-3 run per group in slabs gives the frames of the same schedule with
+    stages 1-3 on the whole clip, to float rounding: the group features, their frame offset and the slab cover are
+    right (a wrong `pre_first` or an uncovered chunk would shift or zero whole tiles)."""
+    latent = torch.randn(1, 128, 6, 3, 3, generator=torch.Generator().manual_seed(5))
+    whole, stats = dv.decode(vae, latent, processor="sdpa", request=manual(16, 64), seed=3)
+    plan = dv.plan
+
+    def slabbed(*args, **kwargs):
+        return dataclasses.replace(plan(*args, **kwargs), pre_chunk=pre_chunk)
+
+    monkeypatch.setattr(dv, "plan", slabbed)
+    got, slab_stats = dv.decode(vae, latent, processor="sdpa", request=manual(16, 64), seed=3)
+    assert stats.extra["grid"][0] > 1 and slab_stats.extra["grid"] == stats.extra["grid"]
+    err = (got - whole).abs().max()
+    assert err < 1e-5, f"max diff {err:.2e}"

@@ -76,6 +76,36 @@ def deferred_upsample(decoder: torch.nn.Module) -> torch.nn.Module:
     return upsample
 
 
+def stages_1_to_3_slab(decoder: torch.nn.Module, latent: torch.Tensor, start: int,
+                       total: int) -> tuple[torch.Tensor, int]:
+    """Stages 1-3 (as `stages_1_to_3_before_last_upsample`) on frames `[start, start + t)` of the ghosted latent of
+    `total` frames (ghosts already appended) → (features, first): the features equal the whole clip's at pre-upsample
+    frames `[first, first + features.shape[1])`.
+
+    Every op of these stages is per frame except neighborhood attention, whose window reaches `kernel_t // 2` frames
+    each way (shifted inward only at the clip's own ends). So after each block the frames within that reach of a cut
+    edge (an edge that is not the clip's) are wrong and are cut off; what stays is exact up to float rounding.
+    `diffusion_tiling.TilingGeometry.slab_trace` does the same arithmetic for the planner."""
+    require(decoder, ("conv_in", "det_stages", "upsamples"), "the diffusion decode's slabbed stages 1-3")
+    cut_before, cut_after = start > 0, start + latent.shape[2] < total
+    x = decoder.conv_in(latent.permute(0, 2, 3, 4, 1))
+    first = start
+    for i, blocks in enumerate(decoder.det_stages[:-1]):
+        for block in blocks:
+            x = block(x)
+            reach = block.attn.kernel_size[0] // 2
+            before, after = (reach if cut_before else 0), (reach if cut_after else 0)
+            if before or after:
+                x = x[:, before:x.shape[1] - after].contiguous()
+                first += before
+        if i < len(decoder.det_stages) - 2:
+            upsample = decoder.upsamples[i]
+            x = upsample(x, drop_leading_frame=first == 0)
+            if upsample.stride[0] == 2:  # causal 1-then-2 mapping: frame j > 0 → frames 2j-1, 2j
+                first = max(2 * first - 1, 0)
+    return x, first
+
+
 # ------------------------------------------------------------------------------------ RoPE and block forwards
 def rope_inv_freqs(rope: torch.nn.Module, dim: int, device: torch.device) -> torch.Tensor:
     """`[dim // 2]` float32 inverse frequencies of one axis chunk of diffusers' `LTX2VideoVaeRotaryPosEmbed3D`: the

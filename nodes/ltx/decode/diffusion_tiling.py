@@ -1,17 +1,20 @@
 """The diffusion VAE's tile schedule: where stages 4-5 cut the video, as plain numbers.
 
-Stages 1-3 run once on the whole (floor-padded, ghost-padded) latent; stages 4-5 run per tile. Tiles live on the
-stage-4 input grid ("cells": 2 frames × 8 × 8 px for the released config) and are blended in pixel space with
-the trapezoid ramps of `tiling`, which sum to one. Everything here is a function of the decoder config and the
-latent shape — no tensors but the 1-D weights — so the geometry is tested without running a model. Reference:
-docs/MODEL.md §10.4.
+Stages 1-3 run once on the whole (floor-padded, ghost-padded) latent, or — when that does not fit — per temporal
+group in latent slabs widened by their temporal reach, so each is exact (`slab_trace`); stages 4-5 run per tile.
+Tiles live on the stage-4 input grid ("cells": 2 frames × 8 × 8 px for the released config) and are blended in
+pixel space with the trapezoid ramps of `tiling`, which sum to one. Everything here is a function of the decoder
+config and the latent shape — no tensors but the 1-D weights — so the geometry is tested without running a model.
+Reference: docs/MODEL.md §10.4.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
@@ -119,6 +122,47 @@ class TilingGeometry:
         ct, ch, cw = self.cell_pixels
         return upsample_frames(t4, ct), h4 * ch, w4 * cw
 
+    @functools.lru_cache(maxsize=4096)
+    def slab_trace(self, start: int, stop: int,
+                   total: int) -> tuple[tuple[int, int], tuple[tuple[str, int, int, int], ...]]:
+        """The arithmetic of `compat.stages_1_to_3_slab` on ghosted-latent frames `[start, stop)` of `total`: the
+        pre-upsample frames `(first, end)` it computes exactly, and `(kind, stage, frames in, frames out)` per
+        "block" and per "upsample", what the memory model prices. A block's frames in may fall
+        under its kernel: `slab_fits` says whether the slab can run at all."""
+        cut_before, cut_after = start > 0, stop < total
+        t, first, steps = stop - start, start, []
+        for stage in range(3):
+            reach = self.stage_kernels[stage][0] // 2
+            for _ in range(self.stage_depths[stage]):
+                trimmed = t - reach * (cut_before + cut_after)
+                steps.append(("block", stage, t, t))
+                t, first = trimmed, first + (reach if cut_before else 0)
+            if stage < 2:
+                stride = self.upsample_strides[stage][0]
+                out = upsample_frames(t, stride, drop_leading=first == 0)
+                steps.append(("upsample", stage, t, out))
+                first = max(2 * first - 1, 0) if stride == 2 else first
+                t = out
+        return (first, first + t), tuple(steps)
+
+    def slab_fits(self, start: int, stop: int, total: int) -> bool:
+        """Every block of the slab sees at least its kernel's frames (NATTEN refuses less) and something is left."""
+        (first, end), steps = self.slab_trace(start, stop, total)
+        blocks = [(stage, t_in) for kind, stage, t_in, _ in steps if kind == "block"]
+        return end > first and all(t_in >= self.stage_kernels[stage][0] for stage, t_in in blocks)
+
+    @functools.lru_cache(maxsize=4096)
+    def slab_for_pre(self, pre_frames: tuple[int, int], total: int) -> tuple[int, int]:
+        """The smallest ghosted-latent slab `[start, stop)` whose exact output covers pre-upsample frames
+        `pre_frames`, widened until every block sees its kernel."""
+        p0, p1 = pre_frames
+        start = next(a for a in range(min(p0, total - 1), -1, -1)
+                     if self.slab_trace(a, total, total)[0][0] <= p0)
+        stop = next(b for b in range(start + 1, total + 1) if self.slab_trace(0, b, total)[0][1] >= p1)
+        while not self.slab_fits(start, stop, total) and (start > 0 or stop < total):
+            start, stop = max(start - 1, 0), min(stop + 1, total)
+        return start, stop
+
 
 @dataclass(frozen=True)
 class AxisSpan:
@@ -163,6 +207,8 @@ class TileSchedule:
     latent_pad: tuple[int, int, int]  # latent cells added: frames after, rows before, columns before
     overlap: tuple[int, int]         # frames, pixels (0 on an untiled axis)
     spans: tuple[tuple[AxisSpan, ...], tuple[AxisSpan, ...], tuple[AxisSpan, ...]]
+    # Stages 1-3: None = once on the whole clip; else per temporal group, this many pre-upsample frames per slab
+    pre_chunk: int | None = None
 
     @property
     def grid(self) -> THW:
@@ -191,6 +237,25 @@ class TileSchedule:
     def feature_frames(self) -> int:
         """Stage-4 input frames including the ghosts."""
         return self.geometry.stage4_grid(self.work_thw)[0] + self.geometry.ghost_cells
+
+    @property
+    def ghosted_frames(self) -> int:
+        """Latent frames stages 1-3 see: the work latent and its trailing ghosts."""
+        return self.work_thw[0] + self.geometry.ghost_latent_frames
+
+    def group_pre_frames(self, span: AxisSpan) -> tuple[int, int]:
+        """Pre-upsample frames a temporal group's stage-4 inputs are cut from (the arithmetic of `stage4_input`)."""
+        last_cell = self.geometry.stage4_grid(self.work_thw)[0]
+        c0, c1 = span.cells[0], self.feature_frames if span.cells[1] == last_cell else span.cells[1]
+        stride = self.geometry.upsample_strides[2][0]
+        lead = 1 if stride == 2 else 0
+        return (c0 + lead) // stride, (c1 - 1 + lead) // stride + 1
+
+    def pre_slabs(self, span: AxisSpan) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+        """(pre-upsample frames, ghosted-latent slab computing them) for a group, `pre_chunk` frames at a time."""
+        p0, p1 = self.group_pre_frames(span)
+        chunks = [(q, min(q + self.pre_chunk, p1)) for q in range(p0, p1, self.pre_chunk)]
+        return [(chunk, self.geometry.slab_for_pre(chunk, self.ghosted_frames)) for chunk in chunks]
 
     def tiles(self) -> list[Tile]:
         """All tiles, time slowest (so each temporal group is contiguous)."""
@@ -306,6 +371,26 @@ class MemoryModel:
                 peak = max(peak, n * g.stage_channels[s] + 2 * t * h * w * g.stage_channels[s + 1])
         return self.batch * peak * self.element_bytes
 
+    @functools.lru_cache(maxsize=4096)
+    def slab(self, g: TilingGeometry, work_thw: THW, slab: tuple[int, int], total: int) -> int:
+        """Stages 1-3 on one slab of ghosted-latent frames: as `stages_1_to_3`, at the frames each step sees."""
+        hw = [work_thw[1] * work_thw[2]]
+        for _, sh, sw in g.upsample_strides[:2]:
+            hw.append(hw[-1] * sh * sw)
+        peak = 0
+        for kind, stage, t_in, t_out in g.slab_trace(*slab, total)[1]:
+            n = t_in * hw[stage]
+            if kind == "block":
+                peak = max(peak, n * g.stage_channels[stage] * self.det_coef)
+            else:
+                peak = max(peak, n * g.stage_channels[stage] + 2 * t_out * hw[stage + 1] * g.stage_channels[stage + 1])
+        return self.batch * peak * self.element_bytes
+
+    def pre_frames(self, g: TilingGeometry, work_thw: THW, frames: int) -> int:
+        """Bytes of `frames` pre-upsample frames (the features stage 4 is cut from)."""
+        _, h, w = g.pre_upsample_grid(work_thw)
+        return self.batch * frames * h * w * g.stage_channels[2] * self.element_bytes
+
     def resident(self, g: TilingGeometry, work_thw: THW) -> int:
         t, h, w = g.pre_upsample_grid((work_thw[0] + g.ghost_latent_frames, *work_thw[1:]))
         return self.batch * t * h * w * g.stage_channels[2] * self.element_bytes
@@ -325,8 +410,16 @@ class MemoryModel:
         g, work = schedule.geometry, schedule.work_thw
         cells = tuple(max(s.cells[1] - s.cells[0] for s in axis) for axis in schedule.spans)
         group_frames = max(s.length for s in schedule.spans[0]) + schedule.overlap[0]
-        tiles = self.resident(g, work) + self.tile(g, schedule.canvas[1:], cells, group_frames)
-        return max(self.stages_1_to_3(g, work), tiles) + self.processor_scratch + self.constant_bytes
+        tile = self.tile(g, schedule.canvas[1:], cells, group_frames)
+        if schedule.pre_chunk is None:
+            stages = self.stages_1_to_3(g, work)
+            resident = self.resident(g, work)
+        else:  # only the group's features live; each slab runs beside the group buffer it fills
+            resident = self.pre_frames(g, work, max(b - a for a, b in map(schedule.group_pre_frames,
+                                                                             schedule.spans[0])))
+            slabs = {slab for span in schedule.spans[0] for _, slab in schedule.pre_slabs(span)}
+            stages = resident + max(self.slab(g, work, slab, schedule.ghosted_frames) for slab in slabs)
+        return max(stages, resident + tile) + self.processor_scratch + self.constant_bytes
 
 
 DIFFUSERS_STAGE5_COEF = MemoryModel.stage5_coef  # measured 10.4 (see MemoryModel)
@@ -340,13 +433,26 @@ def _candidates(n_cells: int, cell: int, factor: int, low: int) -> list[int]:
     return [s for s in sizes if s // cell < n_cells] + [None]
 
 
+def _slabbed(schedules: Iterable[TileSchedule]) -> Iterator[TileSchedule]:
+    """Each schedule with stages 1-3 in slabs of its longest group's pre-upsample frames, then halved down to one."""
+    for schedule in schedules:
+        chunk = max(b - a for a, b in map(schedule.group_pre_frames, schedule.spans[0]))
+        while True:
+            yield dataclasses.replace(schedule, pre_chunk=chunk)
+            if chunk == 1:
+                break
+            chunk = (chunk + 1) // 2
+
+
 def plan_auto(geometry: TilingGeometry, latent_thw: THW, budget_bytes: int,
               memory: MemoryModel = MemoryModel(), overlap_frames: int | None = None,
               overlap_pixels: int | None = None) -> TileSchedule:
     """The schedule with the least recomputed overlap whose estimated peak fits `budget_bytes`, with the given
     overlaps (default: the smallest safe ones, as in `build_schedule`).
 
-    The whole video as one tile wastes nothing, so it wins whenever it fits: `auto` tiles only when it must.
+    The whole video as one tile wastes nothing, so it wins whenever it fits: `auto` tiles only when it must. Stages
+    1-3 run once on the whole clip whenever some schedule fits that way (so a decode that fit before is unchanged);
+    only otherwise do they run per temporal group in slabs (`pre_chunk`), whose floor does not grow with the clip.
     """
     min_frames, min_pixels = geometry.min_overlap
     overlaps = (min_frames if overlap_frames is None else overlap_frames,
@@ -371,12 +477,10 @@ def plan_auto(geometry: TilingGeometry, latent_thw: THW, budget_bytes: int,
 
     best, _ = search_budget(schedules(), memory.estimate, budget_bytes, waste)
     if best is None:
-        smallest = build_schedule(geometry, latent_thw, *(low if n * c > low else None
-                                                          for low, n, c in zip(lows[:2], grid[:2], cell[:2])),
-                                  *overlaps)
-        untiled_part = memory.stages_1_to_3(geometry, work) + memory.processor_scratch + memory.constant_bytes
-        why = "for stages 1-3, which run untiled" if untiled_part >= memory.estimate(smallest) else \
-            "for the smallest legal tiles"
+        best, smallest = search_budget(_slabbed(schedules()), memory.estimate, budget_bytes,
+                                       lambda s: (*waste(s), -s.pre_chunk))
+    if best is None:
+        why = "for the smallest legal tiles and stages 1-3 in the thinnest slabs"
         raise LTX25Error(WHERE, "the memory budget", f"{budget_bytes / 2**30:.2f} GiB",
                          f"at least {memory.estimate(smallest) / 2**30:.2f} GiB {why}",
                          "Free device memory, raise memory_budget_gb, or decode a smaller video.")

@@ -3,8 +3,9 @@
 The network is diffusers' `LTX2VideoDiffusionDecoderModel`, configured from `config.vae` of the file. We write
 only what diffusers lacks: the native key map, the neighborhood-attention processors (`na_attention`), the tile
 schedule (`diffusion_tiling`) and the driver below, which runs the decoder's own stage functions:
-stages 1-3 once on the whole latent → stage 4 per tile → stage 5 (denoise pixels) per tile on a
-`FlowMatchEulerDiscreteScheduler` → trapezoid blend, streamed to the output one temporal group at a time.
+stages 1-3 once on the whole latent (or, when that does not fit, per temporal group in exact slabs) → stage 4
+per tile → stage 5 (denoise pixels) per tile on a `FlowMatchEulerDiscreteScheduler` → trapezoid blend, streamed to
+the output one temporal group at a time.
 """
 from __future__ import annotations
 
@@ -227,15 +228,17 @@ def run_stage5(predict: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x_
 
 # ---------------------------------------------------------------------------------------------- decode driver
 def stage4_input(decoder, pre: torch.Tensor, frames: tuple[int, int], rows: tuple[int, int],
-                 cols: tuple[int, int]) -> torch.Tensor:
+                 cols: tuple[int, int], pre_first: int = 0) -> torch.Tensor:
     """`forward_stages_1_to_3(...)[:, t0:t1, h0:h1, w0:w1]`, computed from the slice of the features before the
-    third upsample (`compat.stages_1_to_3_before_last_upsample`) that it needs."""
+    third upsample (`compat.stages_1_to_3_before_last_upsample`) that it needs; `pre` holds those features from
+    frame `pre_first` on."""
     up = compat.deferred_upsample(decoder)
     st, sh, sw = up.stride
     lead = 1 if st == 2 else 0  # stage-4 frame j is frame j+1 of the upsample before its leading frame is dropped
     spans = [(frames[0] + lead, frames[1] + lead, st), (*rows, sh), (*cols, sw)]
     src = [(a // s, (b - 1) // s + 1) for a, b, s in spans]
-    x = up(pre[:, src[0][0]:src[0][1], src[1][0]:src[1][1], src[2][0]:src[2][1]], drop_leading_frame=False)
+    x = up(pre[:, src[0][0] - pre_first:src[0][1] - pre_first, src[1][0]:src[1][1], src[2][0]:src[2][1]],
+           drop_leading_frame=False)
     crop = [slice(a - lo * s, b - lo * s) for (a, b, s), (lo, _) in zip(spans, src)]
     return x[:, crop[0], crop[1], crop[2]].contiguous()
 
@@ -381,8 +384,9 @@ class _Decode:
 
     def _decode_groups(self, work: dict[str, torch.Tensor], latent: torch.Tensor, host: HostFrames | None,
                        copier: DeviceToHost | DirectCopy) -> None:
-        """Stages 1-3 once; per temporal group: stage 4-5 per tile, blended into the group buffer; finished frames
-        (up to the next group's start) go to `work["out"]`, the overlapping tail waits as a stub for the next."""
+        """Stages 1-3 once (or per group, `group_features`); per temporal group: stage 4-5 per tile, blended into
+        the group buffer; finished frames (up to the next group's start) go to `work["out"]`, the overlapping tail
+        waits as a stub for the next."""
         vae, schedule = self.vae, self.schedule
         decoder, param = vae.model.decoder, next(vae.parameters())
         device, dtype, batch = param.device, param.dtype, latent.shape[0]
@@ -394,12 +398,20 @@ class _Decode:
         bottom, right = schedule.work_thw[1] - latent.shape[3] - top, schedule.work_thw[2] - latent.shape[4] - left
         if t_pad or top or bottom or left or right:  # frames repeat the last; rows/columns edge-replicate
             z = F.pad(z, (left, right, top, bottom, 0, t_pad), mode="replicate")
-        work["pre"] = compat.stages_1_to_3_before_last_upsample(decoder, z.to(dtype))
+        pre_first = 0
+        if schedule.pre_chunk is None:
+            work["pre"] = compat.stages_1_to_3_before_last_upsample(decoder, z.to(dtype))
+        else:
+            ghosts = schedule.geometry.ghost_latent_frames
+            work["z"] = torch.cat([z, z[:, :, -1:].expand(-1, -1, ghosts, -1, -1)], dim=2).to(dtype)
         del z
         for span, (emit0, emit1) in schedule.groups():
             work["acc"] = torch.zeros(batch, 3, span.length, height, width, device=device, dtype=acc_dtype)
+            if schedule.pre_chunk is not None:
+                work.pop("pre", None)  # the previous group's features go before this group's are built
+                work["pre"], pre_first = self.group_features(decoder, work["z"], span)
             for tile in (t for t in self.tiles if t.t == span):
-                x0 = self.tile(decoder, work["pre"], tile, (height, width))
+                x0 = self.tile(decoder, work["pre"], tile, (height, width), pre_first)
                 # built on the device: the product is a canvas-sized float32 tensor (190 MB at 768×512×121),
                 # too large to copy from pageable memory per tile
                 weight = (tile.t.weights().to(device)[:, None, None] * tile.h.weights().to(device)[None, :, None]
@@ -421,10 +433,26 @@ class _Decode:
                     copier.copy(work["out"][item, f0:f1], rgb[item])
             del work["acc"]
         del work["pre"]
+        work.pop("z", None)
 
-    def tile(self, decoder, pre: torch.Tensor, tile: tiling.Tile, canvas_hw: tuple[int, int]) -> torch.Tensor:
+    def group_features(self, decoder, z_ghosted: torch.Tensor, span: tiling.AxisSpan) -> tuple[torch.Tensor, int]:
+        """(the pre-upsample features a temporal group's tiles are cut from, the first frame they hold), built
+        `pre_chunk` frames at a time from latent slabs wide enough to be exact (`compat.stages_1_to_3_slab`)."""
+        schedule = self.schedule
+        p0, p1 = schedule.group_pre_frames(span)
+        features = None
+        for (q0, q1), (start, stop) in schedule.pre_slabs(span):
+            x, first = compat.stages_1_to_3_slab(decoder, z_ghosted[:, :, start:stop], start, schedule.ghosted_frames)
+            if features is None:
+                features = x.new_empty(x.shape[0], p1 - p0, *x.shape[2:])
+            features[:, q0 - p0:q1 - p0] = x[:, q0 - first:q1 - first]
+            del x
+        return features, p0
+
+    def tile(self, decoder, pre: torch.Tensor, tile: tiling.Tile, canvas_hw: tuple[int, int],
+             pre_first: int = 0) -> torch.Tensor:
         """Stage 4 + stage 5 on one tile → pixels `[B, 3, F, h, w]`."""
-        features = stage4_input(decoder, pre, tile.feature_frames, tile.h.cells, tile.w.cells)
+        features = stage4_input(decoder, pre, tile.feature_frames, tile.h.cells, tile.w.cells, pre_first)
         context = decoder.forward_stage_4(features, drop_leading_frame=tile.is_origin, crop_trailing_ghost=False)
         del features
         context = context[:, :tile.t.length]  # the trailing tile's ghost frames go
