@@ -406,10 +406,10 @@ class _Decode:
             work["z"] = torch.cat([z, z[:, :, -1:].expand(-1, -1, ghosts, -1, -1)], dim=2).to(dtype)
         del z
         for span, (emit0, emit1) in schedule.groups():
-            work["acc"] = torch.zeros(batch, 3, span.length, height, width, device=device, dtype=acc_dtype)
             if schedule.pre_chunk is not None:
                 work.pop("pre", None)  # the previous group's features go before this group's are built
                 work["pre"], pre_first = self.group_features(decoder, work["z"], span)
+            work["acc"] = torch.zeros(batch, 3, span.length, height, width, device=device, dtype=acc_dtype)
             for tile in (t for t in self.tiles if t.t == span):
                 x0 = self.tile(decoder, work["pre"], tile, (height, width), pre_first)
                 # built on the device: the product is a canvas-sized float32 tensor (190 MB at 768×512×121),
