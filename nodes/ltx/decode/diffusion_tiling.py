@@ -414,11 +414,14 @@ class MemoryModel:
         if schedule.pre_chunk is None:
             stages = self.stages_1_to_3(g, work)
             resident = self.resident(g, work)
-        else:  # only the group's features live; each slab runs beside the group buffer it fills
+        else:  # only the group's features live; each slab runs beside the group buffer it fills and the blend
+            # tail the previous group left for this one
             resident = self.pre_frames(g, work, max(b - a for a, b in map(schedule.group_pre_frames,
                                                                              schedule.spans[0])))
+            height, width = schedule.canvas[1:]
+            tail = self.batch * 3 * schedule.overlap[0] * height * width * self.accumulator_bytes
             slabs = {slab for span in schedule.spans[0] for _, slab in schedule.pre_slabs(span)}
-            stages = resident + max(self.slab(g, work, slab, schedule.ghosted_frames) for slab in slabs)
+            stages = resident + tail + max(self.slab(g, work, slab, schedule.ghosted_frames) for slab in slabs)
         return max(stages, resident + tile) + self.processor_scratch + self.constant_bytes
 
 
