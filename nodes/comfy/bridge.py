@@ -6,12 +6,13 @@ Node code calls only this module for devices, model loading, progress, interrupt
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import uuid
 import weakref
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -43,6 +44,7 @@ else:
         """Standalone twin of ComfyUI's InterruptProcessingException."""
 
 _interrupt_requested = False
+_run_holds_interrupt = False  # inside `interrupt_scope` a request stays set: every check in the run stops
 
 
 def request_interrupt() -> None:
@@ -55,12 +57,33 @@ def request_interrupt() -> None:
 
 
 def check_interrupt() -> None:
+    """Raise InterruptError when an interrupt was requested. Outside a run the request is used up by the check
+    that raises (as ComfyUI's); inside `interrupt_scope` it stays until the run ends, so a save encoding on its
+    thread cannot use it up while the node being computed goes on."""
     global _interrupt_requested
     if HAS_COMFY:
         _mm.throw_exception_if_processing_interrupted()
     elif _interrupt_requested:
-        _interrupt_requested = False
+        if not _run_holds_interrupt:
+            _interrupt_requested = False
         raise InterruptError("Processing interrupted")
+
+
+@contextlib.contextmanager
+def interrupt_scope() -> Iterator[None]:
+    """One headless run. A request left from before (one that landed where nothing checked it, or while idle) is
+    dropped at the start, as ComfyUI's executor does for each prompt, so it cannot stop the next run; inside,
+    a request stops every check until the run ends, when it is dropped again."""
+    global _interrupt_requested, _run_holds_interrupt
+    if HAS_COMFY:
+        _mm.interrupt_current_processing(False)
+        yield
+        return
+    _interrupt_requested, _run_holds_interrupt = False, True
+    try:
+        yield
+    finally:
+        _interrupt_requested, _run_holds_interrupt = False, False
 
 
 # ---------------------------------------------------------------------------------------------------- progress
@@ -210,7 +233,10 @@ class StandalonePatcher:
         device = self.load_device
         own = sum(t.numel() * t.element_size() for _, _, t in streaming._owned_tensors(self.model)
                   if t.device.type == device.type)
-        available = free_device_memory(device) + own if device.type != "cpu" else 1 << 62
+        # Headroom, as ComfyUI keeps its inference reserve: the conditioning, latents, positions and the allocator's
+        # rounding live beside the planned weights and activations (without it a 24 GiB card ran out allocating the
+        # streaming slots).
+        available = free_device_memory(device) + own - PLACEMENT_HEADROOM if device.type != "cpu" else 1 << 62
         cap = _budget_cap()
         budget = min(available, cap) if cap is not None else available
         name = type(self.model).__name__
@@ -315,6 +341,7 @@ def patch_key_prefix(patcher) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- VRAM budget
+PLACEMENT_HEADROOM = 1 << 30  # bytes left free beside a standalone placement
 _vram_budget_override: int | None = None
 
 
