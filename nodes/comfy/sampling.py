@@ -20,6 +20,10 @@ ACCELERATION_TOOLTIP = (
     "bit-identical to eager. compile_cuda_graph: the repeated blocks compiled with torch.compile, cuDNN attention, "
     "then graphed; the fastest, but it compiles on the first use of each shape and differs from eager by bf16 "
     "rounding. Graph modes need CUDA. Speeds: docs/PERFORMANCE.md.")
+NOISE_LAYOUT_TOOLTIP = (
+    "How the seed's random numbers are laid out on the latents. comfy: in the latent's own shape, as ComfyUI core's "
+    "samplers do (the same seed gives core's noise). reference: on the transformer's tokens, as Lightricks' "
+    "ltx-pipelines does (the same seed gives the reference's noise, up to the GPU-vs-CPU generator).")
 
 
 def _check_prompt_count(conditioning, batch: int) -> None:
@@ -94,12 +98,14 @@ class LTX25DistilledSampler:
             "frame_rate": ("FLOAT", {"default": DEFAULT_FRAME_RATE, "min": 1.0, "max": 120.0, "step": 0.01,
                                      "tooltip": "Only for latents that carry no frame rate (core ComfyUI's Empty LTXV "
                                      "latents): the fps of the clip. LTX-2.5 Empty Latent's fps always wins."}),
+            "noise_layout": (list(sampling.NOISE_LAYOUTS), {"default": "comfy", "tooltip": NOISE_LAYOUT_TOOLTIP}),
         }}
 
     # cfg is no widget (distilled models take no guidance); a script or an older API prompt may still pass 1.0.
     def sample(self, model, conditioning, video_latent, audio_latent, seed, stage, sampler, cfg=1.0, sigmas="",
-               acceleration="auto", frame_rate=DEFAULT_FRAME_RATE):
+               acceleration="auto", frame_rate=DEFAULT_FRAME_RATE, noise_layout="comfy"):
         sampling.check_cfg(cfg, model.info.name, "LTX25DistilledSampler.cfg")
+        sampling.check_noise_layout(noise_layout, "LTX25DistilledSampler.noise_layout")
         fps = latents.frame_rate(video_latent, "LTX25DistilledSampler.video_latent", default=frame_rate)
         video = latents.unbind_av(video_latent["samples"], latents.VIDEO_STREAM, "LTX25DistilledSampler.video_latent")
         audio = latents.unbind_av(audio_latent["samples"], latents.AUDIO_STREAM, "LTX25DistilledSampler.audio_latent")
@@ -112,7 +118,7 @@ class LTX25DistilledSampler:
             video, audio = sampling.sample_distilled(
                 module, conditioning, video, audio, fps=fps, seed=seed, stage=int(stage), sampler=sampler,
                 sigmas=schedule, on_step=bridge.step_callback(len(schedule) - 1, f"LTX-2.5 stage {stage}"),
-                output_device=bridge.intermediate_device(), acceleration=acceleration)
+                output_device=bridge.intermediate_device(), acceleration=acceleration, noise_layout=noise_layout)
         finally:
             bridge.empty_cache()  # the step activations; also on interrupt, so nothing is left half-used
         return ({**video_latent, "samples": video, "frame_rate": fps},

@@ -9,6 +9,10 @@ video on every device; the reference draws on the GPU, so its bits differ from o
   on one generator, so stage 2 first skips the draws stage 1 made (video at half the size, the same audio): with
   the same seed on both sampler nodes, stage 2 gets fresh noise rather than a re-read of stage 1's.
 - ancestral generator `manual_seed(seed + 10000)`: one `randn` per modality per step, video then audio.
+- layout (`NOISE_LAYOUTS`): 'comfy' (the default) draws each `randn` in the latent's own shape, `[B, C, F, H, W]` /
+  `[B, C, T, M]`, as ComfyUI core does, so a seed gives core's noise; 'reference' draws the same sequence in the
+  reference's token layout, video `[B, F·H·W, C]` and audio `[B, T, C·M]`, and unpatchifies it, so a seed gives
+  ltx-pipelines' noise (up to the device the generator runs on). Both generators follow the layout.
 Stage 1 of LTX-2.5 (`model_version >= 2.5`) is Euler-ancestral (eta 1); older models and every stage 2 use Euler.
 """
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Callable, Sequence
 import torch
 
 from .accelerated_denoise import make_denoiser
+from .positions import unpatchify_audio, unpatchify_video
 from ..files.assets import model_version_tuple
 from ..errors import LTX25Error
 from ..latents import UPSAMPLE_FACTOR
@@ -28,9 +33,11 @@ STAGE2_SIGMAS = (0.909375, 0.725, 0.421875, 0.0)                                
 ANCESTRAL_SEED_OFFSET = 10000
 ANCESTRAL_SINCE = (2, 5)  # model_version from which the distilled stage 1 is Euler-ancestral
 SAMPLERS = ("auto", "euler", "euler_ancestral")
+NOISE_LAYOUTS = ("comfy", "reference")  # see the module docstring
 
 DenoiseFn = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 OnStep = Callable[[int, int], None]
+OnX0 = Callable[[int, int, torch.Tensor], None]  # (steps done, steps, the step's x0 video latent)
 
 
 # ---------------------------------------------------------------------------------------------------- schedules
@@ -120,8 +127,26 @@ def ancestral_step(x: torch.Tensor, x0: torch.Tensor, sigma: float, sigma_next: 
 
 
 # ---------------------------------------------------------------------------------------------------- noise
-def _randn(shape: Sequence[int], generator: torch.Generator, like: torch.Tensor) -> torch.Tensor:
-    return torch.randn(tuple(shape), generator=generator, dtype=torch.float32).to(like.device, like.dtype)
+def check_noise_layout(layout: str, where: str = "noise_layout") -> str:
+    if layout not in NOISE_LAYOUTS:
+        raise LTX25Error(where, "the noise layout", repr(layout), " / ".join(NOISE_LAYOUTS))
+    return layout
+
+
+def _randn(shape: Sequence[int], generator: torch.Generator, like: torch.Tensor,
+           layout: str = "comfy") -> torch.Tensor:
+    """One float32 CPU draw of `shape` (`[B, C, F, H, W]` or `[B, C, T, M]`); 'reference' draws it as the tokens
+    the reference noises (video `[B, F·H·W, C]`, audio `[B, T, C·M]`) and lays them back out as `shape`."""
+    shape = tuple(shape)
+    if layout == "comfy":
+        noise = torch.randn(shape, generator=generator, dtype=torch.float32)
+    elif len(shape) == 5:
+        b, c, f, h, w = shape
+        noise = unpatchify_video(torch.randn((b, f * h * w, c), generator=generator, dtype=torch.float32), shape)
+    else:
+        b, c, t, m = shape
+        noise = unpatchify_audio(torch.randn((b, t, c * m), generator=generator, dtype=torch.float32), shape)
+    return noise.to(like.device, like.dtype)
 
 
 def _stage1_shapes(video: torch.Tensor, audio: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -130,28 +155,35 @@ def _stage1_shapes(video: torch.Tensor, audio: torch.Tensor) -> tuple[tuple[int,
     return (b, c, f, h // UPSAMPLE_FACTOR, w // UPSAMPLE_FACTOR), tuple(audio.shape)
 
 
-def initial_noise(video: torch.Tensor, audio: torch.Tensor, seed: int, stage: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The main generator's noise for the start of `stage`: video then audio (stage 2 skips stage 1's draws)."""
+def initial_noise(video: torch.Tensor, audio: torch.Tensor, seed: int, stage: int,
+                  layout: str = "comfy") -> tuple[torch.Tensor, torch.Tensor]:
+    """The main generator's noise for the start of `stage`: video then audio (stage 2 skips stage 1's draws, which
+    use up the same count of values in either layout)."""
+    check_noise_layout(layout)
     generator = torch.Generator().manual_seed(seed % 2**64)
     if stage == 2:
         for shape in _stage1_shapes(video, audio):
             torch.randn(shape, generator=generator, dtype=torch.float32)
-    return _randn(video.shape, generator, video), _randn(audio.shape, generator, audio)
+    return _randn(video.shape, generator, video, layout), _randn(audio.shape, generator, audio, layout)
 
 
 # ---------------------------------------------------------------------------------------------------- the loop
 def sample_stage(denoise_fn: DenoiseFn, video: torch.Tensor, audio: torch.Tensor, sigmas: Sequence[float],
-                 sampler: str, seed: int, stage: int, on_step: OnStep | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 sampler: str, seed: int, stage: int, on_step: OnStep | None = None, noise_layout: str = "comfy",
+                 on_x0: OnX0 | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Noise the latents to `sigmas[0]`, then one `denoise_fn(video, audio, σ) → (x0_video, x0_audio)` per step.
 
     video: `[B, 128, F', H', W']`, audio: `[B, 8, T, 16]` (normalized latents; stage 1: zeros). `sampler` is
-    'euler' or 'euler_ancestral' (see `resolve_sampler`). Returns the sampled latents in the inputs' dtype/device.
+    'euler' or 'euler_ancestral' (see `resolve_sampler`); `noise_layout` one of `NOISE_LAYOUTS`. After each step,
+    `on_x0(done, steps, x0_video)` (e.g. a live preview) and then `on_step(done, steps)`. Returns the sampled latents
+    in the inputs' dtype/device.
     """
     sigmas = check_sigmas(sigmas)
     if sampler not in ("euler", "euler_ancestral"):
         raise LTX25Error("sampler", "the resolved sampler", repr(sampler), "'euler' or 'euler_ancestral'")
+    check_noise_layout(noise_layout)
     with torch.inference_mode():
-        noise_video, noise_audio = initial_noise(video, audio, seed, stage)
+        noise_video, noise_audio = initial_noise(video, audio, seed, stage, noise_layout)
         video = torch.lerp(video, noise_video, sigmas[0])
         audio = torch.lerp(audio, noise_audio, sigmas[0])
         ancestral = torch.Generator().manual_seed((seed + ANCESTRAL_SEED_OFFSET) % 2**64)
@@ -162,10 +194,12 @@ def sample_stage(denoise_fn: DenoiseFn, video: torch.Tensor, audio: torch.Tensor
                 video = euler_step(video, x0_video, sigma, sigma_next)
                 audio = euler_step(audio, x0_audio, sigma, sigma_next)
             else:
-                drawn = (None, None) if sigma_next == 0 else \
-                    (_randn(video.shape, ancestral, video), _randn(audio.shape, ancestral, audio))
+                drawn = (None, None) if sigma_next == 0 else (_randn(video.shape, ancestral, video, noise_layout),
+                                                              _randn(audio.shape, ancestral, audio, noise_layout))
                 video = ancestral_step(video, x0_video, sigma, sigma_next, drawn[0])
                 audio = ancestral_step(audio, x0_audio, sigma, sigma_next, drawn[1])
+            if on_x0 is not None:
+                on_x0(i + 1, steps, x0_video)
             if on_step is not None:
                 on_step(i + 1, steps)
     return video, audio
@@ -197,11 +231,13 @@ def working_memory(model: torch.nn.Module, video_shape: Sequence[int], audio_sha
 def sample_distilled(model: torch.nn.Module, conditioning, video: torch.Tensor, audio: torch.Tensor, *, fps: float,
                      seed: int, stage: int, sampler: str = "auto", sigmas: Sequence[float] | None = None,
                      on_step: OnStep | None = None, output_device: torch.device | None = None,
-                     acceleration: str = "auto", denoise: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     acceleration: str = "auto", denoise: Callable | None = None, noise_layout: str = "comfy",
+                     on_x0: OnX0 | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One distilled stage with the LTX-2.5 transformer: `model` (carries `.model_version`), `conditioning`
     (`Conditioning`), video `[B,128,F',H',W']` + audio `[B,8,T,16]` at `fps` → sampled latents on `output_device`
     (default: where they came from). The denoiser comes from `accelerated_denoise.make_denoiser(…, acceleration)`;
-    `denoise(model, video, audio, sigma, cond, fps)` replaces it (tests)."""
+    `denoise(model, video, audio, sigma, cond, fps)` replaces it (tests). `noise_layout` and `on_x0`: see
+    `sample_stage`."""
     if stage not in (1, 2):
         raise LTX25Error("stage", "the stage", stage, "1 or 2")
     out_device = output_device or video.device
@@ -215,5 +251,5 @@ def sample_distilled(model: torch.nn.Module, conditioning, video: torch.Tensor, 
 
     chosen = resolve_sampler(sampler, stage, model.model_version)
     video, audio = sample_stage(denoise_fn, video, audio, sigmas or default_sigmas(stage), chosen, seed, stage,
-                                on_step)
+                                on_step, noise_layout, on_x0)
     return video.to(out_device), audio.to(out_device)
