@@ -160,6 +160,9 @@ def test_bad_audio_latents_are_refused():
         av.check_audio_latent(torch.zeros(1, 128, 2, 2, 2), "x")
     with pytest.raises(LTX25Error, match=r"\[B, 8, T, 16\]"):
         av.check_audio_latent(torch.zeros(1, 4, 26, 16), "x")
+    for empty in ((1, 8, 0, 16), (0, 8, 26, 16)):  # a kernel error deep in the decoder before
+        with pytest.raises(LTX25Error, match=r"x: the audio latent shape .*T ≥ 1"):
+            av.check_audio_latent(torch.zeros(empty), "x")
 
 
 def test_audio_decode_node_returns_audio(tiny_file, audio_vae):

@@ -90,6 +90,19 @@ def test_config_comes_from_the_file_not_the_code_defaults(tiny_file, tmp_path):
                                                                       "decoder": RELEASED_DECODER}}})
 
 
+def test_a_stripped_diffusion_vae_is_called_stripped_not_another_kind_of_file(tiny_file, tmp_path):
+    """Without its metadata the file is still a diffusion VAE by its tensor names (that is how the loader took
+    it): the error says its config is absent from the metadata, never that the file is not a diffusion VAE."""
+    from safetensors.torch import load_file, save_file
+    path = str(tmp_path / "stripped.safetensors")
+    save_file(load_file(tiny_file("diffusion_vae")), path)
+    with pytest.raises(LTX25Error, match="config.vae._class_name is absent") as error:
+        dv.load_diffusion_vae(path, torch.float32)
+    assert "stripped" in str(error.value) and "not a diffusion VAE" not in str(error.value), error.value
+    with pytest.raises(LTX25Error, match="not a diffusion VAE file"):  # a config of another class still is one
+        dv.DiffusionVAEConfig.from_metadata("x", {"config": {"vae": {"_class_name": "CausalVideoAutoencoder"}}})
+
+
 def test_timestep_reaches_the_embedder_times_one_thousand(vae):
     """At sigma 1 the timestep embedder sees 1000 (the file's multiplier), not 1."""
     seen = []

@@ -3,6 +3,7 @@ input, dependency order and execution — on small stand-in node classes so the 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -98,6 +99,44 @@ def test_cli_exits_nonzero_with_the_error_on_stderr(tmp_path, capsys, monkeypatc
     path.write_text(json.dumps(bad))
     assert run.main([str(path), "--models", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     assert "required input missing" in capsys.readouterr().err
+
+
+def test_cli_input_errors_are_one_line_and_status_2_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """A missing, non-JSON or non-workflow file, a --set of an input the node lacks, a missing --models folder and
+    an --out that cannot be written are each one `error:` line naming what is wrong, status 2, no traceback — and
+    no node has run (an unwritable --out used to be found at the first save, after all the compute)."""
+    from nodes.comfy import bridge
+    ran = []
+
+    class Counted(MakeNumber):
+        def make(self, *args, **kwargs):
+            ran.append(1)
+            return super().make(*args, **kwargs)
+
+    monkeypatch.setattr(run, "NODE_CLASS_MAPPINGS", {**CLASSES, "MakeNumber": Counted})
+    monkeypatch.setattr(bridge, "_models_dir_override", bridge._models_dir_override)
+    monkeypatch.setattr(bridge, "_output_dir_override", bridge._output_dir_override)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(API))
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "a_file").write_text("")
+    models, out = ["--models", str(tmp_path)], ["--out", str(tmp_path / "out")]
+    cases = {
+        "the workflow file is unreadable": [str(tmp_path / "missing.json"), *models, *out],
+        "the workflow file is not JSON": [str(tmp_path / "broken.json"), *models, *out],
+        "the workflow file is JSON but not a workflow": [str(tmp_path / "list.json"), *models, *out],
+        "MakeNumber has no such input (it has value, seed, mode)": [str(good), *models, *out, "--set", "1.valeu=2"],
+        "--models: the models folder is": [str(good), "--models", str(tmp_path / "nowhere"), *out],
+        "--out: the output folder is": [str(good), *models, "--out", str(tmp_path / "a_file" / "out")],
+    }
+    if os.path.isdir("/proc/self"):  # a folder that exists and that nobody, root included, can create files in
+        cases["--out: the output folder is '/proc/self'"] = [str(good), *models, "--out", "/proc/self"]
+    for expected, argv in cases.items():
+        assert run.main(argv) == 2, expected
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], (expected, err)
+    assert ran == [] and run.main([str(good), *models, *out]) == 0 and ran == [1]
 
 
 def test_set_overrides_parse_json_and_strings():

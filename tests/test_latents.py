@@ -79,6 +79,18 @@ def test_mismatched_latent_pair_refused():
     latents.check_latent_pair(video, torch.zeros(1, 8, 9, 16), 24.0, "LTX25DistilledSampler")
 
 
+def test_empty_latents_are_refused_naming_the_input():
+    """A latent with no frame, row, column or batch item (a hand-made or edited LATENT) is an LTX25Error naming the
+    node input, not a torch kernel error from deep inside a decoder or the DiT."""
+    for shape in ((1, 128, 0, 2, 2), (1, 128, 2, 0, 2), (1, 128, 2, 2, 0), (0, 128, 2, 2, 2)):
+        with pytest.raises(LTX25Error, match="Decode.latent: the latent shape"):
+            latents.check_video_latent(torch.zeros(shape), "Decode.latent")
+        with pytest.raises(LTX25Error, match="Sampler.video_latent"):
+            latents.check_latent_pair(torch.zeros(shape), torch.zeros(shape[0], 8, 9, 16), 24.0, "Sampler")
+    with pytest.raises(LTX25Error, match="Sampler.audio_latent: the audio latent shape"):
+        latents.check_latent_pair(torch.zeros(1, 128, 2, 2, 2), torch.zeros(1, 8, 0, 16), 24.0, "Sampler")
+
+
 def test_missing_frame_rate_refused():
     """A LATENT without 'frame_rate' (e.g. from a core node) is refused with a hint to use Empty Latent."""
     with pytest.raises(LTX25Error, match="frame_rate"):

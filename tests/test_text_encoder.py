@@ -191,6 +191,30 @@ def test_wrong_gemma_version_is_detectable(tmp_path, spec):
         assets.check_gemma_pairing(transformer, te.TextEncoderSpec.from_file(other).info)
 
 
+@pytest.mark.parametrize("sidecar, found", [(b'{"bos_token": "\xff"}', "unreadable"), (b"[1, 2]", "a JSON list")])
+def test_a_corrupt_tokenizer_sidecar_is_refused_naming_the_file_and_tensor(path, tmp_path, sidecar, found):
+    """Bytes that are not UTF-8 JSON (a UnicodeDecodeError before) or JSON that is not an object, in the file's
+    tokenizer_config.json tensor: an LTX25Error naming the file and the tensor, with what to do."""
+    from safetensors.torch import load_file, save_file
+    with safe_open(path, framework="pt") as f:
+        metadata = f.metadata()
+    tensors = load_file(path)
+    tensors[te.ASSET_PREFIX + "tokenizer_config.json"] = torch.tensor(list(sidecar), dtype=torch.uint8)
+    damaged = str(tmp_path / "damaged.safetensors")
+    save_file(tensors, damaged, metadata)
+    with pytest.raises(LTX25Error, match=f"tensor hf_asset__tokenizer_config.json is {found}") as error:
+        te.TextEncoderSpec.from_file(damaged)
+    assert damaged in str(error.value) and "re-download" in str(error.value)
+
+
+def test_a_prompt_with_a_lone_surrogate_is_refused_naming_the_character(spec):
+    """Text with half of a UTF-16 pair (an emoji cut in two) cannot be tokenized (a bare TypeError from the
+    tokenizer before): the node names its prompt input, the character and where it is, before Gemma loads."""
+    with pytest.raises(LTX25Error, match=r"LTX25EncodePrompt.prompt: .*'\\ud83e' at character 8") as error:
+        LTX25EncodePrompt().encode(spec, "a fox \n\n\ud83e in the snow")
+    assert "valid Unicode" in str(error.value)
+
+
 # ---------------------------------------------------------------------------------------------------- tokenization
 def test_bos_is_prepended_exactly_once_and_prompts_are_left_padded(spec):
     """Gemma 4's tokenizer emits no BOS: we add one; a prompt already starting with BOS gets none more; the

@@ -109,3 +109,20 @@ def test_latent_upsample_node(tiny_file):
     assert out["samples"].shape == (1, 128, 2, 6, 8) and out["frame_rate"] == 24.0
     with pytest.raises(LTX25Error, match="latent statistics"):
         LTX25LatentUpsample().upsample(handle, Loaded(torch.nn.Module(), None, None), {"samples": out["samples"]})
+
+
+def test_latent_upsample_refuses_the_audio_latent_and_empty_latents_by_name(tiny_file):
+    """Both sampler outputs are LATENT, so wiring the audio one here is legal in the canvas: it is refused naming
+    the input and Audio Decode (it was `ValueError: not enough values to unpack`); an empty latent is refused
+    before any kernel sees it."""
+    handle = Loaded.register(ups.load_upsampler(tiny_file("upsampler"), torch.float32), SimpleNamespace(name="up"))
+    vae = torch.nn.Module()
+    for name, value in zip(("latents_mean", "latents_std"), latent_statistics(0)):
+        vae.register_buffer(name, value)
+    vae_handle = Loaded(vae, None, SimpleNamespace(name="vae"))
+    audio = {"samples": torch.zeros(1, 8, 26, 16), "type": "audio", "frame_rate": 24.0}
+    with pytest.raises(LTX25Error, match="LTX25LatentUpsample.video_latent: .*Audio Decode"):
+        LTX25LatentUpsample().upsample(handle, vae_handle, audio)
+    for shape in ((1, 128, 0, 3, 4), (1, 128, 2, 3, 0), (0, 128, 2, 3, 4)):
+        with pytest.raises(LTX25Error, match="LTX25LatentUpsample.video_latent: the latent shape"):
+            LTX25LatentUpsample().upsample(handle, vae_handle, {"samples": torch.zeros(shape)})

@@ -28,7 +28,7 @@ class LTX25AudioDecode:
         samples = check_audio_latent(samples, f"{NODE}.audio_latent")
         vae = audio_vae.ready(working_memory(audio_vae.module, tuple(samples.shape)))
         # The LATENT carries the clip's frame rate; with it the decode checks that the audio spans the video.
-        audio = decode_audio(vae, samples, fps=latent.get("frame_rate"), where=NODE)
+        audio = decode_audio(vae, samples, fps=latent.get("frame_rate"), where=NODE, check=bridge.check_interrupt)
         audio["waveform"] = audio["waveform"].to(bridge.intermediate_device())
         return (audio,)
 

@@ -37,6 +37,7 @@ class LTX25DecoderCompare:
     def compare(self, images_a, images_b, label_a, label_b, layout, resize_b, stats_a=None, stats_b=None):
         images_b = check_comparable(images_a, images_b, resize_b)
         check_labels(label_a, label_b)  # before the viewer's frames are started
+        bridge.check_interrupt()  # nor started for a run being stopped
         picks = preview_frame_indices(images_a.shape[0])
         folder = bridge.temp_dir()
         frames = {side: [{"filename": name, "subfolder": "", "type": "temp"}
@@ -46,7 +47,7 @@ class LTX25DecoderCompare:
             # the canvas is made on another thread while the metrics run on the GPU
             canvas = pool.submit(_like_caller(side_by_side), images_a, images_b, label_a, label_b, layout)
             report = compare_report(images_a, images_b, (label_a, label_b), {"a": stats_a, "b": stats_b},
-                                    bridge.compute_device())
+                                    bridge.compute_device(), check=bridge.check_interrupt)
             canvas = canvas.result()
         text = report_json(report)
         viewer = {"frames_a": frames["a"], "frames_b": frames["b"], "frame_indices": picks,

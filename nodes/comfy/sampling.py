@@ -145,10 +145,12 @@ class LTX25LatentUpsample:
     def upsample(self, upsampler, video_vae, video_latent):
         latents.check_upsample_wanted(video_latent, "LTX25LatentUpsample.video_latent")
         latent = latents.unbind_av(video_latent["samples"], latents.VIDEO_STREAM, "LTX25LatentUpsample.video_latent")
+        latent = latents.check_video_latent(latent, "LTX25LatentUpsample.video_latent")  # e.g. the audio latent
         mean, std = ltx_upsampler.latent_statistics(video_vae.module, "LTX25LatentUpsample.video_vae")
         module = upsampler.ready(ltx_upsampler.working_memory(upsampler.module, latent.shape))
         try:
-            out = ltx_upsampler.upsample_latent(module, latent, mean, std, output_device=bridge.intermediate_device())
+            out = ltx_upsampler.upsample_latent(module, latent, mean, std, output_device=bridge.intermediate_device(),
+                                                check=bridge.check_interrupt)
         finally:
             bridge.empty_cache()
         return ({**video_latent, "samples": out, latents.HALF_SIZE_KEY: False},)

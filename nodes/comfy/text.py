@@ -5,7 +5,10 @@ import re
 
 from . import bridge
 from ..ltx.text import encoder as te
+from ..ltx.text.tokenizer import check_prompt_text
 from ..ltx.errors import LTX25Error
+
+NODE = "LTX25EncodePrompt"
 
 PROMPT_SEPARATOR = re.compile(r"^[ \t]*---[ \t]*$", re.MULTILINE)
 
@@ -58,7 +61,7 @@ class LTX25EncodePrompt:
         if not isinstance(text_encoder, te.TextEncoderSpec):
             raise LTX25Error("text_encoder input", "the value", type(text_encoder).__name__,
                              "an LTX25_TEXT_ENCODER", "Connect LTX-2.5 Load Text Encoder to it.")
-        prompts = split_prompts(prompt)
+        prompts = split_prompts(check_prompt_text(prompt, f"{NODE}.prompt"))
         load_hook, release_hook = _placement(text_encoder, len(prompts))
         features = te.encode_prompts(
             text_encoder, prompts, keep_loaded=keep_loaded, load_hook=load_hook, release_hook=release_hook,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_ltx2_audio import LATENT_DOWNSAMPLE_FACTOR, LTX2AudioDecoder
@@ -23,6 +23,7 @@ from .files.assets import Kind, expect_kind, read_state_dict
 from .files.config import config_field
 from .errors import LTX25Error
 from .files.keymap import Drop, KeyMap, Rename, load_strict
+from .stop_points import checked_before
 from .geometry import (AUDIO_BINS, AUDIO_CHANNELS, AUDIO_LATENTS_PER_SECOND, TEMPORAL_COMPRESSION,
                        audio_latent_frames, pixel_frames)
 
@@ -204,6 +205,9 @@ def check_audio_latent(samples: object, where: str) -> torch.Tensor:
                          "A video latent [B, 128, F', H', W'] goes to a video decode node." if
                          isinstance(samples, torch.Tensor) and samples.ndim == 5 else
                          "Connect the audio LATENT of an LTX-2.5 sampler or Empty Latent.")
+    if samples.shape[0] == 0 or samples.shape[2] == 0:
+        raise LTX25Error(where, "the audio latent shape", shape, f"[B ≥ 1, {LATENT_CHANNELS}, T ≥ 1, {LATENT_BINS}]",
+                         "An empty latent decodes to nothing: check the node that made it.")
     return samples
 
 
@@ -222,13 +226,16 @@ def length_drift(samples: int, frames: int, fps: float, sample_rate: int, mel_fr
 
 
 def decode_audio(vae: AudioVAE, latent: torch.Tensor, fps: float | None = None, frames: int | None = None,
-                 where: str = "decode_audio") -> dict:
+                 where: str = "decode_audio", check: Callable[[], None] | None = None) -> dict:
     """Normalized audio latent `[B, 8, T, 16]` → AUDIO `{"waveform": [B, 2, 480·(4T−3)] float32 CPU, "sample_rate":
     48000}`. With `fps` (and `frames`, else inferred from T), warns when the audio length drifts from the video's
-    by more than one latent frame (1920 samples) beyond the expected trim — a sign of mismatched clips or fps."""
+    by more than one latent frame (1920 samples) beyond the expected trim — a sign of mismatched clips or fps.
+    `check()` runs before each decoder and vocoder block (it raises to interrupt)."""
     check_audio_latent(latent, f"{where}.latent")
     param = next(vae.decoder.parameters())
-    with torch.inference_mode():
+    blocks = [vae.decoder.mid, *vae.decoder.up, *(stage for vocoder in (vae.vocoder.vocoder, vae.vocoder.bwe_generator)
+                                                 for stage in vocoder.upsamplers)]
+    with torch.inference_mode(), checked_before(blocks, check):
         shape = (1, LATENT_CHANNELS, 1, LATENT_BINS)     # statistics are (channel, bin)-major: index c·16 + f
         mean = vae.latents_mean.to(param.device, torch.float32).view(shape)
         std = vae.latents_std.to(param.device, torch.float32).view(shape)

@@ -67,6 +67,11 @@ def check_latent_pair(video: torch.Tensor, audio: torch.Tensor, fps: float, wher
     if audio.ndim != 4 or audio.shape[1] != AUDIO_CHANNELS or audio.shape[3] != AUDIO_BINS:
         raise LTX25Error(f"{where}.audio_latent", "the audio latent shape", list(audio.shape),
                          f"[B, {AUDIO_CHANNELS}, T, {AUDIO_BINS}]", "Connect the audio latent from LTX-2.5 Empty Latent.")
+    check_not_empty(video, f"{where}.video_latent")
+    if 0 in (audio.shape[0], audio.shape[2]):
+        raise LTX25Error(f"{where}.audio_latent", "the audio latent shape", list(audio.shape),
+                         f"[B ≥ 1, {AUDIO_CHANNELS}, T ≥ 1, {AUDIO_BINS}]", "Connect the audio latent from LTX-2.5 "
+                         "Empty Latent.")
     if audio.shape[0] != video.shape[0]:
         raise LTX25Error(f"{where}.audio_latent", "the audio batch size", audio.shape[0],
                          f"{video.shape[0]} (the video latent's)", "Both latents must come from the same Empty Latent.")
@@ -132,7 +137,16 @@ def check_video_latent(samples: object, where: str) -> torch.Tensor:
     if samples.shape[1] != VIDEO_CHANNELS:
         raise LTX25Error(where, "the latent channel count", samples.shape[1], f"{VIDEO_CHANNELS} (an LTX-2.5 video "
                          "latent)", "This latent comes from another model; only LTX-2.5 latents decode here.")
+    check_not_empty(samples, where)
     return samples
+
+
+def check_not_empty(samples: torch.Tensor, where: str) -> None:
+    """A video latent with no batch item, no frame, or no row or column of cells is refused by name (torch kernels
+    fail on it deep inside a model with messages that name neither the node nor the size)."""
+    if 0 in samples.shape:
+        raise LTX25Error(where, "the latent shape", list(samples.shape), "[B ≥ 1, 128, F' ≥ 1, H' ≥ 1, W' ≥ 1]",
+                         "An empty latent has nothing to sample or decode: check the node that made it.")
 
 
 def _per_channel(stat: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ normalized ones, so `upsample_latent` un-normalizes with the video VAE's mean/st
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from diffusers.pipelines.ltx2.latent_upsampler import (RATIONAL_RESAMPLER_SCALE_MAPPING, BlurDownsample,
@@ -19,6 +19,7 @@ from .errors import LTX25Error
 from .files.keymap import KeyMap, load_strict
 from .geometry import VIDEO_CHANNELS
 from .latents import denormalize_video, normalize_video
+from .stop_points import checked_before
 
 # The native names are diffusers' names; the map is empty but `load_strict` still checks full coverage.
 KEY_MAP = KeyMap("latent upsampler")
@@ -125,14 +126,17 @@ def latent_statistics(vae: torch.nn.Module, where: str) -> tuple[torch.Tensor, t
 
 
 def upsample_latent(upsampler: torch.nn.Module, latent: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
-                    output_device: torch.device | None = None) -> torch.Tensor:
+                    output_device: torch.device | None = None,
+                    check: Callable[[], None] | None = None) -> torch.Tensor:
     """Normalized `[B, 128, F, H, W]` → normalized `[B, 128, F, 2H, 2W]` (x2 spatial file).
 
     `mean`/`std` `[128]` are the video VAE's per-channel statistics (both video VAEs share them). The whole batch
     is upsampled (the reference upsamples only `latent[:1]`). Returned in `latent`'s dtype on `output_device`
-    (default: `latent`'s device)."""
+    (default: `latent`'s device). `check()` runs before each residual block and the upsampling (it raises to
+    interrupt)."""
     param = next(upsampler.parameters())
-    with torch.inference_mode():
+    blocks = [*upsampler.res_blocks, upsampler.upsampler, *upsampler.post_upsample_res_blocks]
+    with torch.inference_mode(), checked_before(blocks, check):
         raw = denormalize_video(latent, mean, std, param.device)
         out = normalize_video(upsampler(raw.to(param.dtype)), mean, std)
     return out.to(output_device or latent.device, latent.dtype)

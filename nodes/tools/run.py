@@ -2,39 +2,59 @@
 
     python -m nodes.tools.run WORKFLOW.json --models DIR --out DIR [--set NODE.INPUT=VALUE ...]
 
-WORKFLOW is API format or UI format (converted like the canvas does). Validation errors name the node and input
-and exit with status 2; progress goes to stderr; the UI outputs of output nodes are printed as JSON on stdout.
-SIGTERM stops a run as Ctrl-C does (status 130), so a save being written removes its partial file. The A/B
-viewer's preview frames are deleted at the end: no viewer will show them. It exists for tests and the demo —
-inside ComfyUI the real executor runs the same graphs.
+WORKFLOW is API format or UI format (converted like the canvas does). Bad input (the workflow file, the
+arguments, a node's inputs) is one `error:` line naming it and exit status 2, found before anything is computed
+where it can be; progress goes to stderr; the UI outputs of output nodes are printed as JSON on stdout.
+Ctrl-C (or SIGTERM) stops the run at the next interrupt check, as ComfyUI's cancel button does: the node being
+computed stops at its next step, a save being written removes its partial file, and the run ends with status 130;
+a second Ctrl-C stops at once. The A/B viewer's preview frames are deleted at the end: no viewer will show them.
+It exists for tests and the demo — inside ComfyUI the real executor runs the same graphs.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import inspect
 import json
+import os
 import signal
 import sys
+import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
 from ..comfy import bridge as comfy_bridge
 from ..comfy import previews
 from ..registry import NODE_CLASS_MAPPINGS
-from .graph import GraphError, execution_order, is_link, ui_to_api, validate
+from .graph import GraphError, execution_order, input_specs, is_link, ui_to_api, validate
 from ..ltx.errors import LTX25Error
 
 
 def read_workflow(path: str, classes: Mapping[str, type] | None = None) -> tuple[dict[str, dict], dict | None]:
-    """(API prompt, the UI workflow it came from or None): the canvas's workflow goes into the saved files."""
-    with open(path, encoding="utf-8") as f:
-        workflow = json.load(f)
-    if "nodes" in workflow and "links" in workflow:
-        return ui_to_api(workflow, classes or NODE_CLASS_MAPPINGS), workflow
+    """(API prompt, the UI workflow it came from or None): the canvas's workflow goes into the saved files. A file
+    that is missing, not JSON, or not a workflow is an LTX25Error naming it."""
+    expected = "a workflow JSON file (API format, or the canvas's UI format)"
+    try:
+        with open(path, encoding="utf-8") as f:
+            workflow = json.load(f)
+    except OSError as e:
+        raise LTX25Error(path, "the workflow file", f"unreadable ({e.strerror or e})", expected) from e
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LTX25Error(path, "the workflow file", f"not JSON ({e})", expected) from e
+    if isinstance(workflow, dict) and "nodes" in workflow and "links" in workflow:
+        try:
+            return ui_to_api(workflow, classes or NODE_CLASS_MAPPINGS), workflow
+        except (KeyError, TypeError, IndexError, AttributeError) as e:  # GraphError (a known kind of bad) passes
+            raise LTX25Error(path, "the UI workflow", f"malformed ({type(e).__name__}: {e})", expected) from e
+    if not isinstance(workflow, dict) or not all(isinstance(node, dict) and "class_type" in node
+                                                 for node in workflow.values()):
+        raise LTX25Error(path, "the workflow file", "JSON but not a workflow", expected + ": {node id: "
+                         "{class_type, inputs}} or {nodes, links, …}")
     return workflow, None
 
 
@@ -42,14 +62,20 @@ def load_prompt(path: str, classes: Mapping[str, type] | None = None) -> dict[st
     return read_workflow(path, classes)[0]
 
 
-def apply_overrides(prompt: dict[str, dict], overrides: list[str]) -> None:
-    """`NODE.INPUT=VALUE`; VALUE is JSON when it parses (numbers, true, lists), else a plain string."""
+def apply_overrides(prompt: dict[str, dict], overrides: list[str], classes: Mapping[str, type] | None = None) -> None:
+    """`NODE.INPUT=VALUE`; VALUE is JSON when it parses (numbers, true, lists), else a plain string. INPUT must be
+    one of the node class's inputs (a typo would otherwise reach the node as an unexpected argument)."""
+    classes = classes or NODE_CLASS_MAPPINGS
     for item in overrides:
         target, sep, raw = item.partition("=")
         node_id, dot, name = target.partition(".")
         if not sep or not dot or node_id not in prompt:
             raise GraphError(node_id, prompt.get(node_id, {}).get("class_type", "?"), name or None,
                              f"cannot apply --set {item!r} (expected NODE.INPUT=VALUE for an existing node)")
+        class_type = prompt[node_id].get("class_type")
+        if class_type in classes and name not in input_specs(classes[class_type]):
+            raise GraphError(node_id, class_type, name, f"cannot apply --set {item!r}: {class_type} has no such "
+                             f"input (it has {', '.join(input_specs(classes[class_type]))})")
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
@@ -125,7 +151,7 @@ def execute(prompt: Mapping[str, dict], classes: Mapping[str, type] | None = Non
     start = time.perf_counter()
 
     def run() -> dict[str, Any]:
-        with torch.inference_mode():
+        with torch.inference_mode(), comfy_bridge.interrupt_scope(), _stop_on_ctrl_c():
             return asyncio.run(_execute(prompt, classes, dict(preset or {}), on_start, on_end,
                                         needed(prompt, classes, targets), extra_pnginfo))
 
@@ -189,6 +215,7 @@ async def _execute(prompt, classes, preset, on_start, on_end, run: set[str], ext
         kwargs = {name: outputs[value[0]][value[1]] if is_link(value) else value
                   for name, value in node["inputs"].items()} | _hidden(cls, node_id, prompt, extra_pnginfo)
         print(f"[run] {node_id} {node.get('_meta', {}).get('title', node['class_type'])}", file=sys.stderr, flush=True)
+        comfy_bridge.check_interrupt()  # before each node, as ComfyUI's executor (nodes.before_node_execution)
         if on_start is not None:
             on_start(node_id)
         started = time.perf_counter()
@@ -201,9 +228,56 @@ async def _execute(prompt, classes, preset, on_start, on_end, run: set[str], ext
     return {"outputs": outputs, "ui": ui, "seconds": seconds}
 
 
-def _as_ctrl_c(signum: int, frame: object) -> None:
-    """SIGTERM handled as SIGINT is (asyncio cancels the run, and a save being written removes its partial file)."""
-    signal.raise_signal(signal.SIGINT)
+_stops_requested: int | None = None  # Ctrl-C / SIGTERM received during the current run; None: no run
+
+
+def request_stop(signum: int | None = None, frame: object = None) -> None:
+    """Ctrl-C or SIGTERM: during a run the first asks it to stop at its next interrupt check (the bridge's, as
+    ComfyUI's cancel button: a sampler between steps, a decode between tiles, a save between frames, the runner
+    before each node); a second, or one outside a run, stops at once (KeyboardInterrupt). Left to asyncio, Ctrl-C
+    only cancelled the run at its next await, after all the compute before the next async node."""
+    global _stops_requested
+    if _stops_requested is None or _stops_requested >= 1:
+        raise KeyboardInterrupt
+    _stops_requested += 1
+    print("[run] stopping at the next step (Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
+    comfy_bridge.request_interrupt()
+
+
+@contextlib.contextmanager
+def _stop_on_ctrl_c() -> Iterator[None]:
+    """`request_stop` handles Ctrl-C for the run (on the main thread, where signals arrive, unless SIGINT is
+    ignored, as in a background job)."""
+    global _stops_requested
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if on_main else None
+    if on_main and previous is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, request_stop)
+    _stops_requested = 0
+    try:
+        yield
+    finally:
+        _stops_requested = None
+        if on_main and previous is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, previous)
+
+
+def check_folders(models: str, out: str) -> None:
+    """Before anything runs: `--models` is a folder, and `--out` is one this process can write to (created if
+    missing) — found only at the first save, after all the compute, it wasted the run."""
+    if not os.path.isdir(models):
+        found = "a file, not a folder" if os.path.exists(models) else "missing"
+        raise LTX25Error("--models", "the models folder", f"{models!r} ({found})",
+                         "a ComfyUI-style models folder (diffusion_models/, text_encoders/, vae/, …)",
+                         "Point --models at the folder that holds them (make demo writes the tiny set to "
+                         ".cache/tiny-models).")
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise LTX25Error("--out", "the output folder", f"{out!r}, which cannot be written ({e.strerror or e})",
+                         "a folder this user can create files in", "Pick another --out.") from e
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,19 +289,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vram-budget-gb", type=float, default=None,
                         help="device memory the models may use (default: what is free); what does not fit streams")
     args = parser.parse_args(argv)
-    comfy_bridge.set_models_dir(args.models)
-    comfy_bridge.set_output_dir(args.out)
-    comfy_bridge.set_vram_budget_gb(args.vram_budget_gb)
-    on_sigterm = signal.signal(signal.SIGTERM, _as_ctrl_c)
+    on_sigterm = signal.signal(signal.SIGTERM, request_stop)
     try:
+        check_folders(args.models, args.out)
         prompt, workflow = read_workflow(args.workflow)
         apply_overrides(prompt, args.overrides)
+        comfy_bridge.set_models_dir(args.models)
+        comfy_bridge.set_output_dir(args.out)
+        comfy_bridge.set_vram_budget_gb(args.vram_budget_gb)
         with previews.removed_afterwards():
             result = execute(prompt, extra_pnginfo={"workflow": workflow} if workflow is not None else None)
     except (GraphError, LTX25Error) as e:  # the failing node: the last "[run]" line above, or "[run] N failed"
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, comfy_bridge.InterruptError):
         print("[run] stopped", file=sys.stderr)
         return 130
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
@@ -74,11 +74,14 @@ def _ssim(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return ssim.flatten(1).mean(1)
 
 
-def psnr_and_ssim_per_frame(a: torch.Tensor, b: torch.Tensor,
-                            device: torch.device | None = None) -> tuple[list[float], list[float]]:
-    """(PSNR, SSIM) per frame, B against A, from one pass over the frames: each chunk goes to `device` once."""
+def psnr_and_ssim_per_frame(a: torch.Tensor, b: torch.Tensor, device: torch.device | None = None,
+                            check: Callable[[], None] | None = None) -> tuple[list[float], list[float]]:
+    """(PSNR, SSIM) per frame, B against A, from one pass over the frames: each chunk goes to `device` once.
+    `check()` runs before each chunk (it raises to interrupt)."""
     mse, ssim = [], []
     for x, y in _chunks(a, b, device):  # results stay on the device: no wait per chunk for the next one's copy
+        if check is not None:
+            check()
         mse.append(_mse(x, y))
         ssim.append(_ssim(x, y))
     return _psnr(torch.cat(mse)), [float(v) for v in torch.cat(ssim).double().cpu()]
@@ -135,10 +138,12 @@ def _finite(x: float) -> float | str:
 
 
 def compare_report(a: torch.Tensor, b: torch.Tensor, labels: tuple[str, str],
-                   stats: Mapping[str, DecodeStats | None], device: torch.device | None = None) -> dict:
-    """The A/B report: per-frame and mean PSNR/SSIM (B against A, computed on `device`) plus each decoder's cost."""
+                   stats: Mapping[str, DecodeStats | None], device: torch.device | None = None,
+                   check: Callable[[], None] | None = None) -> dict:
+    """The A/B report: per-frame and mean PSNR/SSIM (B against A, computed on `device`) plus each decoder's cost;
+    `check()` between chunks of frames (it raises to interrupt)."""
     check_labels(*labels)
-    psnr, ssim = psnr_and_ssim_per_frame(a, b, device)
+    psnr, ssim = psnr_and_ssim_per_frame(a, b, device, check)
     mean_psnr = math.inf if all(math.isinf(p) for p in psnr) else float(np.mean([min(p, 100.0) for p in psnr]))
     decoders = {}
     for label, s in zip(labels, stats.values()):

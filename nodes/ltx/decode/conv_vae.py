@@ -31,6 +31,7 @@ from ..latents import check_video_latent, denormalize_video
 from ..device_memory import free_bytes, start_meter, weight_bytes
 from ..geometry import SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION, VIDEO_CHANNELS as LATENT_CHANNELS
 from .host_frames import HostFrames, host_copier
+from ..stop_points import checked_before
 
 UPSAMPLER_KINDS = {"compress_all": "spatiotemporal", "compress_time": "temporal", "compress_space": "spatial"}
 _STRIDES = {"spatiotemporal": (2, 2, 2), "temporal": (2, 1, 1), "spatial": (1, 2, 2)}
@@ -181,7 +182,8 @@ READBACK_FRAMES = 8   # frames per piece when a shifted last tile's overlap come
 
 def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, request: TilingRequest = TilingRequest(),
                 free_memory: int | None = None, on_step: Callable[[int, int], None] | None = None,
-                where: str = "decode_conv", stack_tiles: bool | None = None) -> tuple[torch.Tensor, DecodeStats]:
+                where: str = "decode_conv", stack_tiles: bool | None = None,
+                check: Callable[[], None] | None = None) -> tuple[torch.Tensor, DecodeStats]:
     """Normalized latent `[B, 128, F', H', W']` → frames `[B·F, H, W, 3]` float32 in [0, 1] on the CPU, with
     F = 8(F'−1)+1, H = 32H', W = 32W'; and the `DecodeStats` (decoder "conv").
 
@@ -193,8 +195,9 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, request: TilingRequest 
     clamped first pulls the overlap towards its clipped values); that group's finished frames are streamed into the
     CPU output (on CUDA through `DeviceToHost`'s pinned staging on a side stream) while its overlap with the next
     group stays on the device: host memory holds the output plus one group. `on_step(done, total)` runs after every
-    tile (progress; it raises to interrupt). `where` names the node in errors. `stack_tiles` (default: on CUDA only,
-    where small tiles leave the GPU waiting on launches; on the CPU it only adds memory) allows the stacking.
+    tile (progress; it raises to interrupt); `check()` before each of the decoder's blocks (it raises to interrupt
+    inside a tile: an untiled decode is one tile). `where` names the node in errors. `stack_tiles` (default: on CUDA
+    only, where small tiles leave the GPU waiting on launches; on the CPU it only adds memory) allows the stacking.
     """
     check_video_latent(latent, f"{where}.latent")
     request.check(where)
@@ -209,7 +212,8 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, request: TilingRequest 
     batch, (frames, height, width) = latent.shape[0], plan.pixel_shape
     meter, done = start_meter(device), 0
     to_host = host_copier(device)
-    with torch.inference_mode(), contextlib.ExitStack() as cleanup:
+    blocks = [vae.decoder.mid_block, *vae.decoder.up_blocks]
+    with torch.inference_mode(), contextlib.ExitStack() as cleanup, checked_before(blocks, check):
         cleanup.callback(to_host.finish)
         z = denormalize_video(latent, vae.latents_mean, vae.latents_std, device).to(dtype)
         host = HostFrames((batch, frames, height, width, 3), prefault=device.type != "cpu")  # [B, F, H, W, 3]

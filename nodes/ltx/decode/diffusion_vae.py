@@ -59,7 +59,8 @@ class DiffusionVAEConfig:
 
     @classmethod
     def from_metadata(cls, where: object, metadata: Mapping[str, Any]) -> "DiffusionVAEConfig":
-        class_name = config_field(where, metadata, "vae._class_name", "absent")
+        # absent: a diffusion VAE by its tensors (that is how it got here) whose metadata a repack stripped
+        class_name = config_field(where, metadata, "vae._class_name")
         if class_name != CLASS_NAME:
             raise LTX25Error(where, "config.vae._class_name", class_name, CLASS_NAME,
                              "This is not a diffusion VAE file.")
@@ -320,7 +321,7 @@ def decode(vae: DiffusionVAE, latent: torch.Tensor, *,
         raise LTX25Error("steps", "the value", steps, "≥ 1 (0 = the file's default)")
     device = next(vae.parameters()).device
     proc = processor if isinstance(processor, na_attention.NeighborhoodAttnProcessor) else \
-        na_attention.make_processor(processor, device)
+        na_attention.make_processor(processor, device, f"{where}.processor")
     na_attention.install_processor(vae.model, proc)
     fused_block.use_fused_blocks(vae.model, proc.fused_block)
     budget = request.budget_bytes(weight_bytes(vae), free_bytes(device) if free_memory is None else free_memory,

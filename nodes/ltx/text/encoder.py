@@ -129,11 +129,19 @@ def _read_tokenizer(info: AssetInfo) -> GemmaTokenizer:
     with safe_open(info.path, framework="pt") as f:
         blob = _tensor_bytes(f.get_tensor(TOKENIZER_KEY))
         if config_key in info.header.tensors:
-            tokenizer_config = json.loads(_tensor_bytes(f.get_tensor(config_key)))
+            where = f"tensor {config_key}"
+            try:
+                tokenizer_config = json.loads(_tensor_bytes(f.get_tensor(config_key)).decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise LTX25Error(info.path, where, f"unreadable ({e})", "the UTF-8 JSON of tokenizer_config.json",
+                                 "The text-encoder file is damaged; re-download it.") from e
         elif "tokenizer_config.json" in info.header.metadata:  # older packs keep small sidecars in metadata
-            tokenizer_config = info.header.metadata["tokenizer_config.json"]
+            where, tokenizer_config = "metadata tokenizer_config.json", info.header.metadata["tokenizer_config.json"]
         else:
             raise LTX25Error(info.path, f"tensor {config_key}", "absent", "the tokenizer config sidecar")
+    if not isinstance(tokenizer_config, dict):
+        raise LTX25Error(info.path, where, f"a JSON {type(tokenizer_config).__name__}", "a JSON object",
+                         "The text-encoder file is damaged; re-download it.")
     return GemmaTokenizer.from_bytes(info.path, blob, tokenizer_config)
 
 

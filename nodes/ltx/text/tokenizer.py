@@ -36,6 +36,22 @@ def _token_content(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def check_prompt_text(prompt: object, where: str) -> str:
+    """A prompt the tokenizer can read: a string that is valid Unicode. A lone surrogate (half of a UTF-16 pair,
+    e.g. from text cut in the middle of an emoji) cannot be encoded, and the tokenizer's own error names neither the
+    prompt nor the character."""
+    if not isinstance(prompt, str):
+        raise LTX25Error(where, "the prompt", type(prompt).__name__, "text")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise LTX25Error(where, "the prompt", f"text with an unpaired surrogate {prompt[e.start]!r} at character "
+                         f"{e.start} (…{prompt[max(0, e.start - 20):e.start]!r} before it)", "valid Unicode text",
+                         "Delete that character or paste the text again; it is half of a character (such as an "
+                         "emoji) whose other half was lost.") from e
+    return prompt
+
+
 @dataclass(frozen=True)
 class GemmaTokenizer:
     tokenizer: Tokenizer = field(compare=False, repr=False)
