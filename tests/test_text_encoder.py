@@ -215,6 +215,31 @@ def test_a_prompt_with_a_lone_surrogate_is_refused_naming_the_character(spec):
     assert "valid Unicode" in str(error.value)
 
 
+def test_a_gemma_mismatch_is_refused_from_the_graph_before_the_encode(tiny_models, tmp_path, path, count_loads):
+    """Encode Prompt finds in the graph (ComfyUI's hidden PROMPT and UNIQUE_ID) the transformer its features will
+    meet at a Connector, through a LoRA loader, and refuses a text encoder of another Gemma version before Gemma is
+    loaded — the Connector found it only after the 12B encode. The paired encoder encodes; a graph without a
+    Connector, or no graph (a script), is left to the Connector's own check."""
+    from nodes.comfy.pairing import transformer_files_fed
+    from nodes.tools.tiny import OFFICIAL_FILES
+    transformer_file = OFFICIAL_FILES["transformer"][1]
+    graph = {"1": {"class_type": "LTX25TransformerLoader", "inputs": {"transformer_file": transformer_file}},
+             "3": {"class_type": "LTX25EncodePrompt", "inputs": {"text_encoder": ["2", 0], "prompt": "a fox"}},
+             "6": {"class_type": "LTX25LoraLoader", "inputs": {"model": ["1", 0]}},
+             "4": {"class_type": "LTX25Connector", "inputs": {"model": ["6", 0], "text_features": ["3", 0]}}}
+    assert transformer_files_fed(graph, "3") == [transformer_file] and transformer_files_fed(graph, "4") == []
+    other = te.TextEncoderSpec.from_file(
+        tiny_text_encoder.write_tiny(str(tmp_path / "other.safetensors"), 0, gemma_version="gemma4-12b-ltx-v0"))
+    with pytest.raises(LTX25Error, match="gemma_version is gemma4-12b-ltx-v0") as error:
+        LTX25EncodePrompt().encode(other, "a fox", graph=graph, unique_id="3")
+    assert transformer_file in str(error.value) and count_loads == [], error.value
+    no_connector = {k: v for k, v in graph.items() if k != "4"}
+    for graph_given, node in ((no_connector, "3"), (None, None)):
+        LTX25EncodePrompt().encode(other, "a fox", graph=graph_given, unique_id=node)
+    (features,) = LTX25EncodePrompt().encode(te.TextEncoderSpec.from_file(path), "a fox", graph=graph, unique_id="3")
+    assert features.video.shape[0] == 1 and len(count_loads) == 2
+
+
 # ---------------------------------------------------------------------------------------------------- tokenization
 def test_bos_is_prepended_exactly_once_and_prompts_are_left_padded(spec):
     """Gemma 4's tokenizer emits no BOS: we add one; a prompt already starting with BOS gets none more; the

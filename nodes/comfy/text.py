@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 
 from . import bridge
+from .pairing import check_pairing_before_encode
 from ..ltx.text import encoder as te
 from ..ltx.text.tokenizer import check_prompt_text
 from ..ltx.errors import LTX25Error
@@ -55,12 +56,14 @@ class LTX25EncodePrompt:
             "keep_loaded": ("BOOLEAN", {"default": False,
                                         "tooltip": "Keep Gemma (24 GB) in memory for the next new prompt. Off: it is "
                                                    "freed right after encoding; repeated prompts are cached anyway."}),
-        }}
+        }, "hidden": {"graph": "PROMPT", "unique_id": "UNIQUE_ID"}}
 
-    def encode(self, text_encoder, prompt: str, keep_loaded: bool = False):
+    def encode(self, text_encoder, prompt: str, keep_loaded: bool = False, graph=None, unique_id=None):
         if not isinstance(text_encoder, te.TextEncoderSpec):
             raise LTX25Error("text_encoder input", "the value", type(text_encoder).__name__,
                              "an LTX25_TEXT_ENCODER", "Connect LTX-2.5 Load Text Encoder to it.")
+        # the transformer these features will meet, from the graph: a Gemma mismatch is refused before the encode
+        check_pairing_before_encode(graph, unique_id, text_encoder.info)
         prompts = split_prompts(check_prompt_text(prompt, f"{NODE}.prompt"))
         load_hook, release_hook = _placement(text_encoder, len(prompts))
         features = te.encode_prompts(
