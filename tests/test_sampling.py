@@ -262,13 +262,13 @@ def test_sampler_node_interrupt_mid_run(fake_loaded, monkeypatch):
     working memory is still released."""
     real_callback, emptied = bridge.step_callback, []
 
-    def callback(total, label="ltx25"):
-        inner = real_callback(total, label)
+    def callback(total, label="ltx25", **options):
+        inner = real_callback(total, label, **options)
 
-        def on_step(done, total_now):
+        def on_step(done, total_now, *x0):
             if done == 2:
                 bridge.request_interrupt()
-            inner(done, total_now)
+            inner(done, total_now, *x0)
         return on_step
 
     monkeypatch.setattr(bridge, "step_callback", callback)

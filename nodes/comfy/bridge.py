@@ -98,15 +98,37 @@ class _StderrProgress:
                   file=sys.stderr, flush=True)
 
 
-def step_callback(total: int, label: str = "ltx25") -> Callable[[int, int], None]:
-    """A callback for engine loops: checks for interrupt, then reports `done/total` progress."""
-    bar = _comfy_utils.ProgressBar(total) if HAS_COMFY else _StderrProgress(total, label)
+def step_callback(total: int, label: str = "ltx25", preview_latent: bool = False) -> Callable[..., None]:
+    """A callback for engine loops: checks for interrupt, then reports `done/total` progress.
 
-    def on_step(done: int, total_now: int) -> None:
+    With `preview_latent` it also takes the step's x0 video latent `[B, 128, F', H', W']` as a third argument and,
+    under ComfyUI, shows its first frame on the running node as core's samplers do: ComfyUI's own previewer for the
+    user's preview method with core's LTX-2 latent format (its latent→RGB factors), sent with the progress value.
+    Headless, or with previews off, x0 is ignored."""
+    bar = _comfy_utils.ProgressBar(total) if HAS_COMFY else _StderrProgress(total, label)
+    previewer = _ltx_video_previewer() if preview_latent and HAS_COMFY else None
+
+    def on_step(done: int, total_now: int, x0_video: torch.Tensor | None = None) -> None:
         check_interrupt()
-        bar.update_absolute(done, total_now)
+        if previewer is None or x0_video is None:
+            bar.update_absolute(done, total_now)
+            return
+        bar.update_absolute(done, total_now, previewer.decode_latent_to_preview_image("JPEG", x0_video))
 
     return on_step
+
+
+def _ltx_video_previewer():
+    """ComfyUI's previewer for LTX-2 video latents (`LTXAV`'s factors; `LTXV`'s on versions before LTX-2), or None
+    when the user turned previews off or this ComfyUI has no previewer to offer."""
+    try:
+        import comfy.latent_formats as latent_formats
+        import latent_preview
+    except ImportError as error:
+        log.warning("LTX-2.5: no live previews, ComfyUI's latent_preview is not importable (%s)", error)
+        return None
+    latent_format = getattr(latent_formats, "LTXAV", None) or latent_formats.LTXV
+    return latent_preview.get_previewer(_mm.get_torch_device(), latent_format())
 
 
 # ---------------------------------------------------------------------------------------------------- node text

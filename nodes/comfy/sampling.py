@@ -117,7 +117,8 @@ class LTX25DistilledSampler:
         try:
             video, audio = sampling.sample_distilled(
                 module, conditioning, video, audio, fps=fps, seed=seed, stage=int(stage), sampler=sampler,
-                sigmas=schedule, on_step=bridge.step_callback(len(schedule) - 1, f"LTX-2.5 stage {stage}"),
+                sigmas=schedule,
+                on_x0=bridge.step_callback(len(schedule) - 1, f"LTX-2.5 stage {stage}", preview_latent=True),
                 output_device=bridge.intermediate_device(), acceleration=acceleration, noise_layout=noise_layout)
         finally:
             bridge.empty_cache()  # the step activations; also on interrupt, so nothing is left half-used

@@ -1,0 +1,104 @@
+"""Live previews while sampling (issue 21 item 7): the engine hands each step's x0 video latent to an optional
+callback without changing what it samples, and the bridge turns it into a preview image on ComfyUI's progress bar
+(faked here; the real previewer is exercised in the real-ComfyUI tier) and ignores it headless."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from nodes.comfy import bridge
+from nodes.comfy.sampling import LTX25DistilledSampler, LTX25EmptyLatent
+from nodes.ltx.dit import sampling
+
+VIDEO, AUDIO = (1, 128, 2, 2, 3), (1, 8, 9, 16)
+
+
+def fake_denoise(video, audio, sigma):
+    return 0.5 * torch.tanh(video) + 0.1 * sigma, 0.7 * torch.sin(audio) - 0.05
+
+
+def test_on_x0_gets_each_steps_x0_video_and_outputs_are_unchanged():
+    """Every step calls on_x0(done, steps, x0) with exactly the denoiser's x0 video of that step, before on_step;
+    the sampled latents are bit-identical to a run without the callback, for both steppers."""
+    for name in ("euler", "euler_ancestral"):
+        predictions, seen, order = [], [], []
+
+        def denoise(video, audio, sigma):
+            x0 = fake_denoise(video, audio, sigma)
+            predictions.append(x0[0].clone())
+            return x0
+
+        def on_x0(done, steps, x0_video):
+            seen.append((done, steps, x0_video.clone()))
+            order.append("x0")
+
+        zeros = torch.zeros(VIDEO), torch.zeros(AUDIO)
+        got = sampling.sample_stage(denoise, *zeros, sampling.DISTILLED_SIGMAS, name, 4, 1,
+                                    on_step=lambda d, t: order.append("step"), on_x0=on_x0)
+        want = sampling.sample_stage(fake_denoise, *zeros, sampling.DISTILLED_SIGMAS, name, 4, 1)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert [(d, t) for d, t, _ in seen] == [(i, 8) for i in range(1, 9)]
+        assert all(x0.shape == VIDEO and torch.equal(x0, p) for (_, _, x0), p in zip(seen, predictions))
+        assert order == ["x0", "step"] * 8
+
+
+def test_headless_step_callback_ignores_the_preview_latent(monkeypatch, capsys):
+    """Without ComfyUI the preview callback only counts progress: an x0 is taken and ignored, the progress line
+    still reaches 3/3, and a requested interrupt still stops it."""
+    monkeypatch.setattr(bridge, "HAS_COMFY", False)
+    monkeypatch.delenv("LTX25_QUIET", raising=False)
+    on_step = bridge.step_callback(3, "test", preview_latent=True)
+    for done in (1, 2, 3):
+        on_step(done, 3, torch.zeros(VIDEO))
+    assert "[test] 3/3" in capsys.readouterr().err
+    bridge.request_interrupt()
+    with pytest.raises(bridge.InterruptError):
+        on_step(1, 3, torch.zeros(VIDEO))
+
+
+class FakeProgressBar:
+    updates: list = []
+
+    def __init__(self, total):
+        self.total = total
+
+    def update_absolute(self, value, total=None, preview=None):
+        FakeProgressBar.updates.append((value, total, preview))
+
+
+class FakePreviewer:
+    def decode_latent_to_preview_image(self, preview_format, x0):
+        return (preview_format, tuple(x0.shape), 512)
+
+
+def test_sampler_node_sends_a_preview_per_step_under_comfyui(monkeypatch):
+    """Under ComfyUI (faked: progress bar, interrupt check, previewer) the sampler node sends one preview image per
+    step, decoded from that step's x0 video latent of the sampled shape, with the step count; its outputs equal a
+    headless run's."""
+    video, audio = LTX25EmptyLatent().make(64, 64, 9, 24.0, 1, True)
+    model = SimpleNamespace(info=SimpleNamespace(name="ltx-2.5-distilled.safetensors"), module=torch.nn.Linear(1, 1),
+                            ready=lambda memory: model.module)
+    model.module.model_version = "2.5"
+
+    def denoise(module, v, a, sigma, cond, fps):
+        return fake_denoise(v, a, sigma)
+
+    real = sampling.sample_distilled
+    monkeypatch.setattr(sampling, "sample_distilled", lambda *a, **k: real(*a, **k, denoise=denoise))
+    headless = LTX25DistilledSampler().sample(model, None, video, audio, 2, "1", "auto")
+
+    FakeProgressBar.updates = []
+    monkeypatch.setattr(bridge, "HAS_COMFY", True)
+    monkeypatch.setattr(bridge, "_comfy_utils", SimpleNamespace(ProgressBar=FakeProgressBar))
+    monkeypatch.setattr(bridge, "_mm", SimpleNamespace(throw_exception_if_processing_interrupted=lambda: None))
+    monkeypatch.setattr(bridge, "_ltx_video_previewer", lambda: FakePreviewer())
+    monkeypatch.setattr(bridge, "intermediate_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(bridge, "empty_cache", lambda: None)
+    out = LTX25DistilledSampler().sample(model, None, video, audio, 2, "1", "auto")
+
+    shape = tuple(video["samples"].shape)
+    assert FakeProgressBar.updates == [(i, 8, ("JPEG", shape, 512)) for i in range(1, 9)]
+    assert torch.equal(out[0]["samples"], headless[0]["samples"])
+    assert torch.equal(out[1]["samples"], headless[1]["samples"])
