@@ -18,6 +18,8 @@ import torch
 
 from ..ltx import streaming
 from ..ltx.device_memory import free_bytes
+from ..ltx import memory_fit
+from ..ltx.memory_fit import host_available_bytes
 from ..ltx.files.lora import LoraFactors
 
 log = logging.getLogger("ltx25")
@@ -171,6 +173,29 @@ def free_device_memory(device: torch.device | None = None) -> int:
     if HAS_COMFY:
         return int(_mm.get_free_memory(device))
     return free_bytes(device)
+
+
+def memory_limit(device: torch.device | None = None) -> int:
+    """The most memory work on `device` can ever have, for refusing what can never fit (not for planning): the
+    host's available memory for the CPU; a GPU's total (model management can evict every other model), within
+    the headless VRAM budget when one is set."""
+    device = device or compute_device()
+    if device.type == "cpu":
+        return host_available_bytes()
+    if HAS_COMFY:
+        total = int(_mm.get_total_memory(device))
+    elif device.type == "cuda":
+        total = int(torch.cuda.mem_get_info(device)[1])
+    else:
+        return host_available_bytes()  # other accelerators share the host's memory
+    cap = _budget_cap()
+    return min(total, cap) if cap is not None else total
+
+
+def check_fits(where: str, what: str, needed: int, device: torch.device, hint: str) -> None:
+    """Refuse, naming `where` and both figures, work whose `needed` bytes exceed `memory_limit(device)`."""
+    memory = "host memory" if device.type == "cpu" else f"{device.type} memory"
+    memory_fit.check_fits(where, what, needed, memory_limit(device), memory, hint)
 
 
 def empty_cache() -> None:

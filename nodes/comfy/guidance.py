@@ -3,7 +3,7 @@ reference's video and audio guiders) and the guided sampler (dev schedule; Euler
 from __future__ import annotations
 
 from . import bridge
-from .sampling import DEFAULT_FRAME_RATE, LATENT_PAIR_TOOLTIPS, MAX_SEED
+from .sampling import DEFAULT_FRAME_RATE, LATENT_PAIR_TOOLTIPS, MAX_SEED, check_working_memory
 from ..ltx import latents
 from ..ltx.dit import dev_sampling, guidance as ltx_guidance, sampling
 from ..ltx.errors import LTX25Error
@@ -119,6 +119,7 @@ class LTX25GuidedSampler:
             dev_sampling.dev_sigmas(steps, tokens) if stage == "1" else sampling.STAGE2_SIGMAS)
         rows = len(guider.passes()) if pass_batching == "batched" else 1
         memory = sampling.working_memory(model.module, (rows * video.shape[0], *video.shape[1:]), audio.shape)
+        check_working_memory(where, memory)
         module = model.ready(memory)
         try:
             video, audio = dev_sampling.sample_guided(

@@ -11,6 +11,7 @@ from . import bridge
 from ..ltx.files.assets import AssetInfo, Kind
 from ..ltx.files.lora import LoraFactors
 from ..ltx.errors import LTX25Error
+from ..ltx.memory_fit import frames_bytes
 
 
 PATCHABLE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -84,4 +85,8 @@ def latent_for_decoder(node: str, video_vae: Loaded, latent, kind: str, file: st
         raise LTX25Error(f"{node}.video_vae", "the connected VAE", f"{what} ({video_vae.info.name})",
                          f"the {kind} VAE ({file})", hint)
     samples = unbind_av(latent.get("samples") if isinstance(latent, dict) else latent, VIDEO_STREAM, f"{node}.latent")
-    return check_video_latent(samples, f"{node}.latent")
+    samples = check_video_latent(samples, f"{node}.latent")
+    bridge.check_fits(node, "the memory of the decoded frames", frames_bytes(samples.shape),
+                      bridge.intermediate_device(), "Decoded frames are float32 [F, H, W, 3]: lower width, height "
+                      "or frames in LTX-2.5 Empty Latent (tiling bounds only the decoder's own working memory).")
+    return samples

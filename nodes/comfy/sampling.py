@@ -8,6 +8,7 @@ from ..ltx.dit import sampling
 from ..ltx import upsampler as ltx_upsampler
 from ..ltx.dit.accelerated_denoise import ACCELERATIONS
 from ..ltx.errors import LTX25Error
+from ..ltx.memory_fit import tensor_bytes
 
 CATEGORY = "LTX-2.5/sampling"
 MAX_SEED = 0xFFFFFFFFFFFFFFFF
@@ -24,6 +25,14 @@ NOISE_LAYOUT_TOOLTIP = (
     "How the seed's random numbers are laid out on the latents. comfy: in the latent's own shape, as ComfyUI core's "
     "samplers do (the same seed gives core's noise). reference: on the transformer's tokens, as Lightricks' "
     "ltx-pipelines does (the same seed gives the reference's noise, up to the GPU-vs-CPU generator).")
+
+
+def check_working_memory(where: str, needed: int) -> None:
+    """Refuse a latent whose transformer working memory (`sampling.working_memory`) exceeds what the compute device
+    can ever hold, before the model loads: otherwise it fails in the allocator or grinds for minutes first."""
+    bridge.check_fits(where, "the transformer's working memory for this latent", needed, bridge.compute_device(),
+                      "It grows with width × height × frames × batch: lower them in LTX-2.5 Empty Latent, or run on "
+                      "a device with more memory.")
 
 
 def _check_prompt_count(conditioning, batch: int) -> None:
@@ -65,6 +74,9 @@ class LTX25EmptyLatent:
         import torch
         video_shape, audio_shape = latents.empty_latent_shapes(width, height, frames, fps, batch, two_stage)
         device = bridge.intermediate_device()
+        bridge.check_fits("LTX25EmptyLatent", "the memory of its video and audio latents",
+                          tensor_bytes(video_shape, audio_shape), device, "Lower width, height, frames or batch; "
+                          "sampling and decoding such a clip needs many times more.")
         return ({"samples": torch.zeros(video_shape, device=device), "frame_rate": fps,
                  latents.HALF_SIZE_KEY: bool(two_stage)},
                 {"samples": torch.zeros(audio_shape, device=device), "type": "audio", "frame_rate": fps})
@@ -113,7 +125,9 @@ class LTX25DistilledSampler:
         _check_prompt_count(conditioning, video.shape[0])
         schedule = sampling.parse_sigmas(sigmas or "", "LTX25DistilledSampler.sigmas") or \
             sampling.default_sigmas(int(stage))
-        module = model.ready(sampling.working_memory(model.module, video.shape, audio.shape))
+        memory = sampling.working_memory(model.module, video.shape, audio.shape)
+        check_working_memory("LTX25DistilledSampler", memory)
+        module = model.ready(memory)
         try:
             video, audio = sampling.sample_distilled(
                 module, conditioning, video, audio, fps=fps, seed=seed, stage=int(stage), sampler=sampler,
@@ -148,7 +162,10 @@ class LTX25LatentUpsample:
         latent = latents.unbind_av(video_latent["samples"], latents.VIDEO_STREAM, "LTX25LatentUpsample.video_latent")
         latent = latents.check_video_latent(latent, "LTX25LatentUpsample.video_latent")  # e.g. the audio latent
         mean, std = ltx_upsampler.latent_statistics(video_vae.module, "LTX25LatentUpsample.video_vae")
-        module = upsampler.ready(ltx_upsampler.working_memory(upsampler.module, latent.shape))
+        memory = ltx_upsampler.working_memory(upsampler.module, latent.shape)
+        bridge.check_fits("LTX25LatentUpsample", "the upsampler's working memory for this latent", memory,
+                          bridge.compute_device(), "Lower width, height or frames in LTX-2.5 Empty Latent.")
+        module = upsampler.ready(memory)
         try:
             out = ltx_upsampler.upsample_latent(module, latent, mean, std, output_device=bridge.intermediate_device(),
                                                 check=bridge.check_interrupt)

@@ -212,7 +212,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, request: TilingRequest 
     batch, (frames, height, width) = latent.shape[0], plan.pixel_shape
     meter, done = start_meter(device), 0
     to_host = host_copier(device)
-    blocks = [vae.decoder.mid_block, *vae.decoder.up_blocks]
+    blocks = [vae.decoder.mid_block, *vae.decoder.up_blocks] if check is not None else []
     with torch.inference_mode(), contextlib.ExitStack() as cleanup, checked_before(blocks, check):
         cleanup.callback(to_host.finish)
         z = denormalize_video(latent, vae.latents_mean, vae.latents_std, device).to(dtype)
