@@ -73,10 +73,24 @@ class FakePreviewer:
         return (preview_format, tuple(x0.shape), 512)
 
 
-def test_sampler_node_sends_a_preview_per_step_under_comfyui(monkeypatch):
-    """Under ComfyUI (faked: progress bar, interrupt check, previewer) the sampler node sends one preview image per
-    step, decoded from that step's x0 video latent of the sampled shape, with the step count; its outputs equal a
-    headless run's."""
+def test_step_callback_sends_previews_through_comfyui_progress_bar(monkeypatch):
+    """Under ComfyUI (faked: progress bar, interrupt check, previewer) a preview callback sends each step's value
+    and total with the image the previewer made from that step's x0; a step without x0 sends no image."""
+    FakeProgressBar.updates = []
+    monkeypatch.setattr(bridge, "HAS_COMFY", True)
+    monkeypatch.setattr(bridge, "_comfy_utils", SimpleNamespace(ProgressBar=FakeProgressBar))
+    monkeypatch.setattr(bridge, "_mm", SimpleNamespace(throw_exception_if_processing_interrupted=lambda: None))
+    monkeypatch.setattr(bridge, "_ltx_video_previewer", lambda: FakePreviewer())
+    on_step = bridge.step_callback(3, "test", preview_latent=True)
+    on_step(1, 3, torch.zeros(VIDEO))
+    on_step(2, 3)
+    on_step(3, 3, torch.zeros(VIDEO))
+    assert FakeProgressBar.updates == [(1, 3, ("JPEG", VIDEO, 512)), (2, 3, None), (3, 3, ("JPEG", VIDEO, 512))]
+
+
+def test_sampler_node_hands_each_steps_x0_to_a_preview_callback(monkeypatch):
+    """The sampler node asks the bridge for a preview callback and feeds it every step's x0 video latent of the
+    sampled shape (8 steps at stage 1); its outputs equal a run whose callback takes no x0."""
     video, audio = LTX25EmptyLatent().make(64, 64, 9, 24.0, 1, True)
     model = SimpleNamespace(info=SimpleNamespace(name="ltx-2.5-distilled.safetensors"), module=torch.nn.Linear(1, 1),
                             ready=lambda memory: model.module)
@@ -85,20 +99,22 @@ def test_sampler_node_sends_a_preview_per_step_under_comfyui(monkeypatch):
     def denoise(module, v, a, sigma, cond, fps):
         return fake_denoise(v, a, sigma)
 
-    real = sampling.sample_distilled
-    monkeypatch.setattr(sampling, "sample_distilled", lambda *a, **k: real(*a, **k, denoise=denoise))
-    headless = LTX25DistilledSampler().sample(model, None, video, audio, 2, "1", "auto")
+    real_sample, real_callback, calls = sampling.sample_distilled, bridge.step_callback, []
+    monkeypatch.setattr(sampling, "sample_distilled", lambda *a, **k: real_sample(*a, **k, denoise=denoise))
 
-    FakeProgressBar.updates = []
-    monkeypatch.setattr(bridge, "HAS_COMFY", True)
-    monkeypatch.setattr(bridge, "_comfy_utils", SimpleNamespace(ProgressBar=FakeProgressBar))
-    monkeypatch.setattr(bridge, "_mm", SimpleNamespace(throw_exception_if_processing_interrupted=lambda: None))
-    monkeypatch.setattr(bridge, "_ltx_video_previewer", lambda: FakePreviewer())
-    monkeypatch.setattr(bridge, "intermediate_device", lambda: torch.device("cpu"))
-    monkeypatch.setattr(bridge, "empty_cache", lambda: None)
+    def spy(total, label="ltx25", **options):
+        inner = real_callback(total, label, **options)
+
+        def on_step(done, total_now, *x0):
+            calls.append((options, done, total_now, tuple(x0[0].shape) if x0 else None))
+            inner(done, total_now, *x0)
+        return on_step
+
+    monkeypatch.setattr(bridge, "step_callback", spy)
     out = LTX25DistilledSampler().sample(model, None, video, audio, 2, "1", "auto")
-
     shape = tuple(video["samples"].shape)
-    assert FakeProgressBar.updates == [(i, 8, ("JPEG", shape, 512)) for i in range(1, 9)]
-    assert torch.equal(out[0]["samples"], headless[0]["samples"])
-    assert torch.equal(out[1]["samples"], headless[1]["samples"])
+    assert calls == [({"preview_latent": True}, i, 8, shape) for i in range(1, 9)]
+    zeros_v, zeros_a = video["samples"], audio["samples"]
+    want = sampling.sample_stage(lambda v, a, s: fake_denoise(v, a, s), zeros_v, zeros_a, sampling.DISTILLED_SIGMAS,
+                                 "euler_ancestral", 2, 1)
+    assert torch.equal(out[0]["samples"], want[0]) and torch.equal(out[1]["samples"], want[1])
