@@ -3,7 +3,7 @@ reference's video and audio guiders) and the guided sampler (dev schedule; Euler
 from __future__ import annotations
 
 from . import bridge
-from .sampling import DEFAULT_FRAME_RATE, LATENT_PAIR_TOOLTIPS, MAX_SEED, check_working_memory
+from .sampling import DEFAULT_FRAME_RATE, LATENT_PAIR_TOOLTIPS, STAGE_INPUTS, check_working_memory
 from ..ltx import latents
 from ..ltx.dit import dev_sampling, guidance as ltx_guidance, sampling
 from ..ltx.errors import LTX25Error
@@ -81,10 +81,7 @@ class LTX25GuidedSampler:
         return {"required": {
             "model": ("LTX25_MODEL", {"tooltip": "The LTX-2.5 transformer: the dev checkpoint, maybe with LoRAs."}),
             "guider": ("LTX25_GUIDER", {"tooltip": "From LTX-2.5 Multimodal Guider."}),
-            "video_latent": ("LATENT", {"tooltip": "Stage 1: from Empty Latent. Stage 2: from Latent Upsample."}),
-            "audio_latent": ("LATENT", {"tooltip": "Stage 1: from Empty Latent. Stage 2: stage 1's audio output."}),
-            "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED, "control_after_generate": True,
-                             "tooltip": "Noise seed (CPU generator: the same result on every device)."}),
+            **STAGE_INPUTS,
             "steps": ("INT", {"default": dev_sampling.DEV_STEPS, "min": 1, "max": 1000,
                               "tooltip": "Steps of the dev schedule (stage 1; the reference: 30, its HQ variant 15)."}),
             "sampler": (list(dev_sampling.SAMPLERS), {"default": "euler", "tooltip": "euler: the reference's dev "

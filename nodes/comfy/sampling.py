@@ -44,6 +44,15 @@ def _check_prompt_count(conditioning, batch: int) -> None:
                          "per clip, or set the batch on Empty Latent to the number of prompts.")
 
 
+# The latents and seed both samplers (distilled and guided) take, in this order.
+STAGE_INPUTS = {
+    "video_latent": ("LATENT", {"tooltip": "Stage 1: from Empty Latent. Stage 2: from Latent Upsample."}),
+    "audio_latent": ("LATENT", {"tooltip": "Stage 1: from Empty Latent. Stage 2: stage 1's audio output."}),
+    "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED, "control_after_generate": True,
+                     "tooltip": "Noise seed (CPU generator: the same result on every device)."}),
+}
+
+
 class LTX25EmptyLatent:
     DESCRIPTION = ("Zero video and audio latents for a clip; with two_stage on, width/height are the final size and "
                    "the video latent is the half-size stage-1 latent.")
@@ -95,10 +104,7 @@ class LTX25DistilledSampler:
         return {"required": {
             "model": ("LTX25_MODEL", {"tooltip": "The LTX-2.5 transformer (distilled checkpoint)."}),
             "conditioning": ("LTX25_CONDITIONING", {"tooltip": "Prompt conditioning from LTX-2.5 Connector."}),
-            "video_latent": ("LATENT", {"tooltip": "Stage 1: from Empty Latent. Stage 2: from Latent Upsample."}),
-            "audio_latent": ("LATENT", {"tooltip": "Stage 1: from Empty Latent. Stage 2: stage 1's audio output."}),
-            "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED, "control_after_generate": True,
-                             "tooltip": "Noise seed (CPU generator: the same result on every device)."}),
+            **STAGE_INPUTS,
             "stage": (["1", "2"], {"default": "1", "tooltip": "1: 8 steps from noise. 2: re-noise to 0.909375, "
                                    "3 Euler steps (after Latent Upsample)."}),
             "sampler": (list(sampling.SAMPLERS), {"default": "auto", "tooltip": "auto: Euler-ancestral for stage 1 "
