@@ -51,6 +51,30 @@ def pinned_copy_rate(device: torch.device, gib: float = 2.0) -> float:
     return 3 * host.numel() / (time.perf_counter() - start) / 1e9
 
 
+def evict_and_place(model, device: torch.device, budget: int, working: int, stage2, cond) -> dict:
+    """What a run pays when the decoders evict the transformer and the next run places it again: offload + place,
+    timed with pinned host copies kept (`keep_host`, the second cycle, once the copies exist) and without (every
+    cycle copies device → pageable host and back), and the stage-2 x0 after each, compared bit for bit."""
+    video, audio = stage2
+    want = make_denoiser(model, cond, FPS, "eager")(video, audio, 0.5)[0].clone()
+    out = {}
+    streaming.offload(model)
+    for name, keep in (("pageable", False), ("keep_host_first", True), ("keep_host", True)):
+        sync(device)
+        start = time.perf_counter()
+        plan = streaming.place(model, device, budget, working, where="bench", keep_host=keep)
+        sync(device)
+        placed = time.perf_counter() - start
+        got = make_denoiser(model, cond, FPS, "eager")(video, audio, 0.5)[0]
+        start = time.perf_counter()
+        streaming.offload(model)
+        sync(device)
+        out[name] = {"place_s": placed, "offload_s": time.perf_counter() - start,
+                     "resident_blocks": plan.resident_blocks, "x0_equal": bool(torch.equal(got, want))}
+    streaming.place(model, device, budget, working, where="bench")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--card-gib", type=float, nargs="+", default=[0, 48, 24, 16])
@@ -116,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             vars(model).pop("_ltx25_graphs", None)
             model.release_caches()
             torch.cuda.empty_cache() if device.type == "cuda" else None
+        if device.type == "cuda" and "error" not in row:
+            row["evict_and_place"] = evict_and_place(model, device, budget, working, inputs["stage2"], cond)
         row["host_peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         result["cards"].append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)

@@ -18,20 +18,38 @@ from nodes.tools.tiny.common import TINY_DIMS
 GIB = 2**30
 
 
-@pytest.mark.parametrize("budget_gib, resident", [
-    (60.0, 4),   # everything fits with its working memory: fully resident, no slots
-    (40.0, 4),   # exactly fits: 2 GiB other + 4 × 8 GiB blocks + 6 GiB working
-    (39.0, 1),   # floor 2 + 2 slots × 8 + 6 = 24, one block more is 32, a second would be 40
-    (24.0, 0),   # the floor itself: every block streams
+@pytest.mark.parametrize("budget_gib, resident, indices", [
+    (60.0, 4, (0, 1, 2, 3)),  # everything fits with its working memory: fully resident, no slots
+    (40.0, 4, (0, 1, 2, 3)),  # exactly fits: 2 GiB other + 4 × 8 GiB blocks + 6 GiB working
+    (39.0, 1, (1,)),          # floor 2 + 2 slots × 8 + 6 = 24, one block more is 32, a second would be 40
+    (24.0, 0, ()),            # the floor itself: every block streams
 ])
-def test_plan_keeps_the_leading_blocks_that_fit(budget_gib, resident):
+def test_plan_keeps_as_many_blocks_as_fit(budget_gib, resident, indices):
     """Weights other than blocks, two slots of the largest block and the working memory always fit first; then
-    leading blocks while the budget allows. A wrong slot count or order of accounting moves these numbers."""
+    blocks while the budget allows. A wrong slot count or order of accounting moves these numbers."""
     plan = streaming.plan_placement(2 * GIB, [8 * GIB] * 4, 6 * GIB, int(budget_gib * GIB))
-    assert plan.resident_blocks == resident
+    assert plan.resident_blocks == resident and plan.resident_indices == indices
     assert plan.streamed_bytes == (4 - resident) * 8 * GIB
     assert plan.slot_bytes == (0 if resident == 4 else 16 * GIB)
     assert plan.peak_bytes <= budget_gib * GIB
+
+
+@pytest.mark.parametrize("blocks, streamed", [
+    (48, 25),  # the 24 GiB card's plan
+    (48, 12),
+    (5, 3),
+])
+def test_streamed_blocks_are_spread_between_resident_ones(blocks, streamed):
+    """The copy of a streamed block overlaps the compute of the resident blocks before it only if streamed blocks
+    do not bunch up at the end: the gaps between streamed blocks are all blocks/streamed, rounded down or up."""
+    size = 1 * GIB
+    budget = 2 * size + (blocks - streamed) * size  # slots + the resident blocks, nothing else
+    plan = streaming.plan_placement(0, [size] * blocks, 0, budget)
+    chosen = [i for i in range(blocks) if i not in plan.resident_indices]
+    assert len(chosen) == streamed
+    gaps = [b - a for a, b in zip(chosen, chosen[1:])]
+    assert min(gaps) >= blocks // streamed and max(gaps) <= -(-blocks // streamed)
+    assert chosen[0] <= blocks // streamed and blocks - 1 - chosen[-1] <= blocks // streamed
 
 
 def test_plan_refuses_with_numbers_when_even_streaming_cannot_fit():
@@ -96,8 +114,8 @@ def test_streamed_transformer_is_bit_identical_to_resident(deep_transformer):
 
 
 def test_partly_resident_transformer_streams_only_the_rest(deep_transformer):
-    """With room for two blocks beside the slots, blocks 0 and 1 stay resident (no hooks) and 2–4 stream; same x0;
-    removing the streamer leaves a working module."""
+    """With room for two blocks beside the slots, blocks 1 and 3 stay resident (no hooks) and 0, 2, 4 stream
+    (spread between them); same x0; removing the streamer leaves a working module."""
     model = copy.deepcopy(deep_transformer)
     video, audio, cond = _inputs()
     want = T.denoise(model, video, audio, 0.3, cond, 24.0)
@@ -105,7 +123,7 @@ def test_partly_resident_transformer_streams_only_the_rest(deep_transformer):
              for b in streaming.blocks_of(model)]
     total = streaming.tensor_bytes([t for _, _, t in streaming._owned_tensors(model)])
     plan = streaming.place(model, torch.device("cpu"), total - sum(sizes[2:]) + 2 * max(sizes), where="test")
-    assert plan.resident_blocks == 2 and sorted(streaming.streamer_of(model).streamed) == [2, 3, 4]
+    assert plan.resident_indices == (1, 3) and sorted(streaming.streamer_of(model).streamed) == [0, 2, 4]
     got = T.denoise(model, video, audio, 0.3, cond, 24.0)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     streaming.remove_streamer(model)

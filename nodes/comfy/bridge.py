@@ -252,6 +252,8 @@ class StandalonePatcher:
             return False
         changed = bool(state["backup"] or self.patches)
         tensors = self.model.state_dict(keep_vars=True)
+        # Changed in place below: their pinned host copies (streaming.place) would be stale.
+        streaming.forget_host_copies(self.model, [tensors[key] for key in (*state["backup"], *self.patches)])
         with torch.no_grad():
             for key, original in state["backup"].items():
                 tensors[key].copy_(original)
@@ -287,15 +289,16 @@ class StandalonePatcher:
         cap = _budget_cap()
         budget = min(available, cap) if cap is not None else available
         name = type(self.model).__name__
-        plan = streaming.place(self.model, device, budget, memory_required, where=name)
+        plan = streaming.place(self.model, device, budget, memory_required, where=name, keep_host=True)
         vars(self.model)["_ltx25_placed"] = (str(device), budget, memory_required)
         show_on_node(plan.describe(name))
 
     def unload(self) -> None:
-        streaming.remove_streamer(self.model)
         vars(self.model).pop("_ltx25_placed", None)
         if self.load_device != self.offload_device:
-            self.model.to(self.offload_device)
+            streaming.offload(self.model, self.offload_device)
+        else:
+            streaming.remove_streamer(self.model)
         if self.on_unload is not None:
             self.on_unload(self.model)
 

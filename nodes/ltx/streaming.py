@@ -7,12 +7,22 @@ on a side stream, so the copy of block i+1 overlaps the compute of block i. A st
 into the module only for the duration of its forward; outside it the module holds its host tensors, so moving or
 unloading the model needs no knowledge of the streamer.
 
+The streamed blocks are spread evenly between the resident ones rather than trailing them: the copy of a streamed
+block then overlaps the compute of the resident blocks before it too, so a step costs about max(copy, compute)
+instead of their sum over the streamed tail.
+
+`place(…, keep_host=True)` keeps the pinned host copy of every tensor it moves onto the device (its "host copy"), so
+`offload` and a re-plan that streams more blocks only drop device tensors, and the next placement copies from pinned
+memory at the link's speed: a model that is evicted for the decoders and placed again every run costs no device→host
+copies. Whoever changes a device tensor in place (weight patches) calls `forget_host_copies` for it first.
+
 The streamer works on whatever tensors of the blocks are off the device when it is installed, so it also covers a
 placement made by someone else (ComfyUI's partial loading, which leaves modules it cannot cast on the host).
 """
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -25,6 +35,7 @@ log = logging.getLogger("ltx25")
 SLOTS = 2          # the block being computed, and the next one being copied
 ALIGN = 256        # bytes: every tensor view in a slot starts on a boundary any kernel accepts
 GIB = 2**30
+HOST_COPY_SHARE = 0.5  # at most this share of the machine's RAM is pinned for host copies of resident weights
 
 
 def tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -62,6 +73,7 @@ class Placement:
     """What a placement keeps on the device and what streams, in bytes."""
     total_blocks: int
     resident_blocks: int
+    resident_indices: tuple[int, ...]  # which blocks stay on the device, spread among the streamed ones
     resident_bytes: int     # weights kept on the device (blocks and everything else)
     streamed_bytes: int     # copied host → device once per forward
     slot_bytes: int         # the two device slots the streamed blocks pass through
@@ -81,14 +93,21 @@ class Placement:
                 f"{self.slot_bytes / GIB:.2f} GiB of slots); expected peak {self.peak_bytes / GIB:.2f} GiB")
 
 
+def spread(total: int, streamed: int) -> tuple[int, ...]:
+    """The indices of `streamed` of `total` blocks, as evenly spaced as possible (each in the middle of its share)."""
+    return tuple(int((j + 0.5) * total / streamed) for j in range(streamed))
+
+
 def plan_placement(other_bytes: int, block_bytes: Sequence[int], working_bytes: int, budget: int,
                    where: str = "model") -> Placement:
-    """How many leading blocks stay resident within `budget` bytes: everything that is not a block
-    (`other_bytes`) and the working memory always are; streaming costs two slots of the largest streamed block.
-    Raises when even streaming every block does not fit."""
+    """Which blocks stay resident within `budget` bytes: everything that is not a block (`other_bytes`) and the
+    working memory always are; streaming costs two slots of the largest streamed block; as many blocks as then fit
+    stay resident, the streamed ones spread evenly between them (`spread`). Raises when even streaming every block
+    does not fit."""
+    n = len(block_bytes)
     total = other_bytes + sum(block_bytes)
     if total + working_bytes <= budget:
-        return Placement(len(block_bytes), len(block_bytes), total, 0, 0, working_bytes)
+        return Placement(n, n, tuple(range(n)), total, 0, 0, working_bytes)
     slot = SLOTS * max(block_bytes, default=0)
     floor = other_bytes + slot + working_bytes
     if not block_bytes or floor > budget:
@@ -97,18 +116,20 @@ def plan_placement(other_bytes: int, block_bytes: Sequence[int], working_bytes: 
                          f"{working_bytes / GIB:.2f} GiB working memory)", f"at most the {budget / GIB:.2f} GiB "
                          "available", "Free device memory (close other programs, unload other models), lower the "
                          "resolution or frame count, or run this model on the CPU.")
-    resident, used = 0, floor
-    while resident < len(block_bytes) and used + block_bytes[resident] <= budget:
-        used += block_bytes[resident]
-        resident += 1
-    streamed = sum(block_bytes[resident:])
-    return Placement(len(block_bytes), resident, total - streamed, streamed, slot, working_bytes)
+    for streamed_count in range(1, n + 1):
+        streamed = set(spread(n, streamed_count))
+        resident = tuple(i for i in range(n) if i not in streamed)
+        if floor + sum(block_bytes[i] for i in resident) <= budget:
+            break
+    streamed_bytes = sum(block_bytes[i] for i in streamed)
+    return Placement(n, len(resident), resident, total - streamed_bytes, streamed_bytes, slot, working_bytes)
 
 
 def place(model: nn.Module, device: torch.device, budget: int, working_bytes: int = 0,
-          where: str = "model") -> Placement:
+          where: str = "model", keep_host: bool = False) -> Placement:
     """Move `model` onto `device` within `budget` bytes (weights + `working_bytes`), streaming the blocks that do not
-    fit; any earlier streamer is removed first. Returns the placement (log it: it is the plan users read)."""
+    fit; any earlier streamer is removed first. `keep_host`: keep pinned host copies of what moves onto the device
+    (module docstring). Returns the placement (log it: it is the plan users read)."""
     remove_streamer(model)
     device = _concrete(device)
     blocks = blocks_of(model)
@@ -116,18 +137,68 @@ def place(model: nn.Module, device: torch.device, budget: int, working_bytes: in
     other = [t for _, _, t in _owned_tensors(model) if id(t) not in block_ids]
     block_bytes = [tensor_bytes([t for _, _, t in _owned_tensors(block)]) for block in blocks]
     plan = plan_placement(tensor_bytes(other), block_bytes, working_bytes, budget, where)
-    if plan.resident_blocks == len(blocks):
-        model.to(device)
-        return plan
-    streamed = {id(m) for block in blocks[plan.resident_blocks:] for m in block.modules()}
+    resident = set(plan.resident_indices)
+    streamed_blocks = [block for i, block in enumerate(blocks) if i not in resident]
+    streamed = {id(m) for block in streamed_blocks for m in block.modules()}
+    copies = _host_copies(model)
+    pin_room = _pin_room(model) if keep_host and device.type == "cuda" else 0
     for owner in model.modules():  # each owner's direct tensors go where its block goes
         target = torch.device("cpu") if id(owner) in streamed else device
         for table in (owner._parameters, owner._buffers):
             for name, tensor in table.items():
-                if tensor is not None and tensor.device != target:
-                    _assign(table, name, tensor.to(target))
-    BlockStreamer(blocks, device, force_stream=blocks[plan.resident_blocks:]).install(model)
+                if tensor is None or tensor.device == target:
+                    continue
+                if target.type == "cpu":
+                    kept = copies.pop(id(tensor), None)
+                    _assign(table, name, kept[1] if kept is not None else tensor.to(target))
+                    continue
+                host = tensor
+                nbytes = tensor.numel() * tensor.element_size()
+                if tensor.device.type == "cpu" and pin_room >= nbytes:
+                    host = tensor if tensor.is_pinned() else tensor.pin_memory()
+                    pin_room -= 0 if tensor.is_pinned() else nbytes
+                _assign(table, name, host.to(target, non_blocking=host.is_pinned()))
+                if host.is_pinned() and keep_host:
+                    copies[id(table[name])] = (table[name], host)
+    if streamed_blocks:
+        BlockStreamer(blocks, device, force_stream=streamed_blocks).install(model)
     return plan
+
+
+def _host_copies(model: nn.Module) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """id(device tensor) → (that tensor, its pinned host copy); the device tensor is held so its id stays unique."""
+    return vars(model).setdefault("_ltx25_host_copies", {})
+
+
+def _pin_room(model: nn.Module) -> int:
+    """Bytes of new pinned host copies still allowed: `HOST_COPY_SHARE` of the RAM minus what this model holds."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+    held = sum(host.numel() * host.element_size() for _, host in _host_copies(model).values())
+    return max(int(ram * HOST_COPY_SHARE) - held, 0)
+
+
+def forget_host_copies(model: nn.Module, tensors: Sequence[torch.Tensor]) -> None:
+    """Drop the host copies of `tensors` (about to change in place on the device): offloading copies them back."""
+    copies = _host_copies(model)
+    for tensor in tensors:
+        copies.pop(id(tensor), None)
+
+
+def offload(model: nn.Module, device: torch.device | str = "cpu") -> None:
+    """Move `model` off the compute device: tensors with a host copy take it back (no copy), the rest are copied."""
+    remove_streamer(model)
+    copies = vars(model).pop("_ltx25_host_copies", {})
+    device = torch.device(device)
+    for owner in model.modules():
+        for table in (owner._parameters, owner._buffers):
+            for name, tensor in table.items():
+                if tensor is None or tensor.device.type == device.type:
+                    continue
+                kept = copies.get(id(tensor))
+                _assign(table, name, kept[1] if kept is not None else tensor.to(device))
 
 
 def _assign(table: dict, name: str, value: torch.Tensor) -> None:
