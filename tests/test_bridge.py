@@ -37,18 +37,25 @@ class FakePatcher:
 
 
 def test_loading_a_decoder_evicts_the_transformer_when_memory_is_short(monkeypatch):
-    """A 10-unit card holding an 8-unit transformer: a 4-unit decoder evicts it; with room to spare nothing moves."""
-    transformer, decoder = FakePatcher(8), FakePatcher(4)
-    capacity = 10
+    """A 10 GiB card holding an 8 GiB transformer: a 4 GiB decoder evicts it; with room to spare nothing moves. The
+    room counted is what placement may use, the free memory less its headroom: a 4 GiB decoder with 1 GiB of work
+    beside the 1 GiB headroom also evicts the transformer from a 13.5 GiB card."""
+    gib = 2**30
+    transformer, decoder = FakePatcher(8 * gib), FakePatcher(4 * gib)
+    capacity = 10 * gib
     monkeypatch.setattr(bridge, "free_device_memory",
                         lambda device=None: capacity - sum(p.size for p in bridge._standalone_live() if p.on_device))
     bridge.load_models([transformer])
     assert transformer.on_device and bridge.loaded_model_count() >= 1
-    bridge.load_models([decoder], memory_required=1)
+    bridge.load_models([decoder], memory_required=gib)
     assert decoder.on_device and not transformer.on_device, "the transformer should have been evicted"
-    capacity = 100
+    capacity = 100 * gib
     bridge.load_models([transformer])
     assert transformer.on_device and decoder.on_device, "nothing needs evicting when memory is ample"
+    bridge.unload_model(decoder)
+    capacity = int(13.5 * gib)  # 5.5 GiB free beside the transformer: 4 + 1 of work fit, not with the headroom
+    bridge.load_models([decoder], memory_required=gib)
+    assert decoder.on_device and not transformer.on_device, "placement's headroom counts when deciding to evict"
 
 
 def test_dropped_models_are_not_kept_alive_by_the_manager():

@@ -296,7 +296,7 @@ class StandalonePatcher:
     def unload(self) -> None:
         vars(self.model).pop("_ltx25_placed", None)
         if self.load_device != self.offload_device:
-            streaming.offload(self.model, self.offload_device)
+            streaming.offload(self.model, self.offload_device, keep_host=True)
         else:
             streaming.remove_streamer(self.model)
         if self.on_unload is not None:
@@ -419,7 +419,8 @@ def load_models(patchers: list, memory_required: int = 0) -> None:
         return
     needed = memory_required + sum(p.model_size() for p in patchers if not p.is_loaded())
     for other in _standalone_live():
-        if other in patchers or other.model in [p.model for p in patchers] or free_device_memory() >= needed:
+        if other in patchers or other.model in [p.model for p in patchers] or \
+                free_device_memory() - PLACEMENT_HEADROOM >= needed:
             continue
         other.unload()
         _standalone_loaded.remove(next(ref for ref in _standalone_loaded if ref() is other))

@@ -11,10 +11,12 @@ The streamed blocks are spread evenly between the resident ones rather than trai
 block then overlaps the compute of the resident blocks before it too, so a step costs about max(copy, compute)
 instead of their sum over the streamed tail.
 
-`place(…, keep_host=True)` keeps the pinned host copy of every tensor it moves onto the device (its "host copy"), so
-`offload` and a re-plan that streams more blocks only drop device tensors, and the next placement copies from pinned
-memory at the link's speed: a model that is evicted for the decoders and placed again every run costs no device→host
-copies. Whoever changes a device tensor in place (weight patches) calls `forget_host_copies` for it first.
+With `keep_host`, `offload` copies the device tensors into pinned host memory (at the link's speed) and `place`
+keeps the pinned host tensor of everything it moves onto the device (its "host copy"): from the second eviction on,
+offloading and a re-plan that streams more blocks only drop device tensors, and placing again copies from pinned
+memory at the link's speed, so a model evicted for the decoders every run costs no device→host copies. Pinning
+happens on the first eviction, not the first placement: a model that is never evicted pins nothing beyond its
+streamed blocks. Whoever changes a device tensor in place (weight patches) calls `forget_host_copies` for it first.
 
 The streamer works on whatever tensors of the blocks are off the device when it is installed, so it also covers a
 placement made by someone else (ComfyUI's partial loading, which leaves modules it cannot cast on the host).
@@ -22,7 +24,6 @@ placement made by someone else (ComfyUI's partial loading, which leaves modules 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -35,7 +36,7 @@ log = logging.getLogger("ltx25")
 SLOTS = 2          # the block being computed, and the next one being copied
 ALIGN = 256        # bytes: every tensor view in a slot starts on a boundary any kernel accepts
 GIB = 2**30
-HOST_COPY_SHARE = 0.5  # at most this share of the machine's RAM is pinned for host copies of resident weights
+HOST_SPARE_SHARE = 0.25  # share of the machine's RAM that pinned host copies always leave available
 
 
 def tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -141,7 +142,6 @@ def place(model: nn.Module, device: torch.device, budget: int, working_bytes: in
     streamed_blocks = [block for i, block in enumerate(blocks) if i not in resident]
     streamed = {id(m) for block in streamed_blocks for m in block.modules()}
     copies = _host_copies(model)
-    pin_room = _pin_room(model) if keep_host and device.type == "cuda" else 0
     for owner in model.modules():  # each owner's direct tensors go where its block goes
         target = torch.device("cpu") if id(owner) in streamed else device
         for table in (owner._parameters, owner._buffers):
@@ -152,14 +152,10 @@ def place(model: nn.Module, device: torch.device, budget: int, working_bytes: in
                     kept = copies.pop(id(tensor), None)
                     _assign(table, name, kept[1] if kept is not None else tensor.to(target))
                     continue
-                host = tensor
-                nbytes = tensor.numel() * tensor.element_size()
-                if tensor.device.type == "cpu" and pin_room >= nbytes:
-                    host = tensor if tensor.is_pinned() else tensor.pin_memory()
-                    pin_room -= 0 if tensor.is_pinned() else nbytes
-                _assign(table, name, host.to(target, non_blocking=host.is_pinned()))
-                if host.is_pinned() and keep_host:
-                    copies[id(table[name])] = (table[name], host)
+                pinned = tensor.device.type == "cpu" and tensor.is_pinned()
+                _assign(table, name, tensor.to(target, non_blocking=pinned))
+                if pinned and keep_host:
+                    copies[id(table[name])] = (table[name], tensor)
     if streamed_blocks:
         BlockStreamer(blocks, device, force_stream=streamed_blocks).install(model)
     return plan
@@ -170,14 +166,15 @@ def _host_copies(model: nn.Module) -> dict[int, tuple[torch.Tensor, torch.Tensor
     return vars(model).setdefault("_ltx25_host_copies", {})
 
 
-def _pin_room(model: nn.Module) -> int:
-    """Bytes of new pinned host copies still allowed: `HOST_COPY_SHARE` of the RAM minus what this model holds."""
+def _pin_room() -> int:
+    """Bytes that may still be pinned: what the system has available beyond `HOST_SPARE_SHARE` of its RAM (pinned
+    pages cannot be swapped out, so some room is left for everything else); 0 where /proc/meminfo is missing."""
     try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
+        with open("/proc/meminfo") as meminfo:
+            fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in meminfo}
+        return max(fields["MemAvailable"] - int(fields["MemTotal"] * HOST_SPARE_SHARE), 0)
+    except (OSError, KeyError, ValueError, IndexError):
         return 0
-    held = sum(host.numel() * host.element_size() for _, host in _host_copies(model).values())
-    return max(int(ram * HOST_COPY_SHARE) - held, 0)
 
 
 def forget_host_copies(model: nn.Module, tensors: Sequence[torch.Tensor]) -> None:
@@ -187,18 +184,33 @@ def forget_host_copies(model: nn.Module, tensors: Sequence[torch.Tensor]) -> Non
         copies.pop(id(tensor), None)
 
 
-def offload(model: nn.Module, device: torch.device | str = "cpu") -> None:
-    """Move `model` off the compute device: tensors with a host copy take it back (no copy), the rest are copied."""
+def offload(model: nn.Module, device: torch.device | str = "cpu", keep_host: bool = False) -> None:
+    """Move `model` off the compute device: tensors with a host copy take it back (no copy); with `keep_host` the
+    rest are copied into new pinned host memory (while `_pin_room` allows), otherwise into pageable memory."""
     remove_streamer(model)
     copies = vars(model).pop("_ltx25_host_copies", {})
     device = torch.device(device)
+    pin_room = _pin_room() if keep_host and device.type == "cpu" else 0
+    pending = set()
     for owner in model.modules():
         for table in (owner._parameters, owner._buffers):
             for name, tensor in table.items():
                 if tensor is None or tensor.device.type == device.type:
                     continue
                 kept = copies.get(id(tensor))
-                _assign(table, name, kept[1] if kept is not None else tensor.to(device))
+                nbytes = tensor.numel() * tensor.element_size()
+                if kept is not None:
+                    host = kept[1]
+                elif tensor.device.type == "cuda" and pin_room >= nbytes:
+                    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                    host.copy_(tensor, non_blocking=True)
+                    pending.add(tensor.device)
+                    pin_room -= nbytes
+                else:
+                    host = tensor.to(device)
+                _assign(table, name, host)
+    for source in pending:  # the device tensors may be freed only once their copies have landed
+        torch.cuda.synchronize(source)
 
 
 def _assign(table: dict, name: str, value: torch.Tensor) -> None:
