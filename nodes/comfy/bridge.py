@@ -210,6 +210,25 @@ def module_bytes(module: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
 
 
+# Pinned host memory from malloc + cudaHostRegister on several threads instead of torch's default cudaHostAlloc: on
+# an H200 host 55 GB/s instead of 2.5 GB/s to allocate and fill, which is what streaming and evicting a model spend
+# on pinning (docs/PERFORMANCE.md). Set only without ComfyUI: in ComfyUI the process's allocators are ComfyUI's.
+FAST_PINNING = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
+_fast_pinning_set = False
+
+
+def _use_fast_pinning(device: torch.device) -> None:
+    global _fast_pinning_set
+    if _fast_pinning_set or device.type != "cuda":
+        return
+    _fast_pinning_set = True
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+    try:
+        setter(FAST_PINNING)
+    except (RuntimeError, AttributeError) as error:  # an older torch: default pinning, slower but correct
+        log.info("LTX-2.5: fast pinned allocation unavailable (%s)", error)
+
+
 class StandalonePatcher:
     """The parts of ComfyUI's ModelPatcher the pack uses, for running without ComfyUI: placement (with weight
     streaming when the model does not fit), clones that share the module, and weight patches applied in place when
@@ -280,6 +299,7 @@ class StandalonePatcher:
         """Put the model on the device within what is free (plus what it already holds there) or the set budget,
         streaming the blocks that do not fit; the plan is logged."""
         device = self.load_device
+        _use_fast_pinning(device)
         own = sum(t.numel() * t.element_size() for _, _, t in streaming._owned_tensors(self.model)
                   if t.device.type == device.type)
         # Headroom, as ComfyUI keeps its inference reserve: the conditioning, latents, positions and the allocator's
