@@ -32,6 +32,7 @@ import dataclasses
 import gc
 import json
 import os
+import resource
 import sys
 import subprocess
 import tempfile
@@ -320,6 +321,11 @@ AB_VARIANTS = {
 }
 
 
+def _peak_rss_gib() -> float:
+    """The process's peak resident host memory so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, the tiny set through the loader nodes, 192×128×17")
@@ -337,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--card-gib", type=float, default=0.0,
                         help="CUDA: hold a filler allocation so only this many GiB of the card are usable, to watch "
                         "model management evict (on a 141 GB card all 66.6 GiB of weights fit and nothing moves)")
+    parser.add_argument("--size", default=None, help="WIDTHxHEIGHTxFRAMES on CUDA (default 768x512x121)")
     parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "bench_ab_graph.json")
                         if os.environ.get("OUT") else None)
     args = parser.parse_args(argv)
@@ -348,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(WORKFLOW, encoding="utf-8") as f:
         prompt = json.load(f)
     width, height, frames = (192, 128, 17) if args.smoke else (768, 512, 121)
+    if args.size:
+        width, height, frames = (int(v) for v in args.size.lower().split("x"))
     prompt["5"]["inputs"].update(width=width, height=height, frames=frames)
     for node_id in SAMPLERS:
         prompt[node_id]["inputs"]["acceleration"] = acceleration
@@ -390,8 +399,10 @@ def main(argv: list[str] | None = None) -> int:
         cold, _, cold_wall = run_graph(prompt, preset, device, heavy)
         result["pauses"] = {"cold": pauses.window(start, start + cold_wall)}
         start = time.perf_counter()
+        result["host_peak_rss_gib_after_cold"] = _peak_rss_gib()
         warm, _, warm_wall = run_graph(prompt, preset, device, heavy)
         result["pauses"]["warm"] = pauses.window(start, start + warm_wall)
+        result["host_peak_rss_gib_after_warm"] = _peak_rss_gib()
         for run in range(args.ab_runs):  # the same warm graph, alternating the pack's way and the other
             for variant, patch in AB_VARIANTS[args.ab]:
                 undo = patch()
