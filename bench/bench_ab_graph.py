@@ -102,7 +102,8 @@ def _on_device(device: torch.device, dtype: torch.dtype, make):
         torch.set_default_dtype(previous)
 
 
-def build_real(device: torch.device, tiny_text_encoder: str) -> tuple[dict, dict, te.TextEncoderModule]:
+def build_real(device: torch.device, tiny_text_encoder: str,
+               transformer_format: str = "bf16") -> tuple[dict, dict, te.TextEncoderModule]:
     """{loader node id: its output tuple}, {component: build seconds}, the Gemma module (for residency checks)."""
     import bench_conv_vae
     import bench_diffusion_vae
@@ -125,6 +126,8 @@ def build_real(device: torch.device, tiny_text_encoder: str) -> tuple[dict, dict
 
     config = T.TransformerConfig.from_metadata("bench", {"config": {"transformer": dict(T.SHIPPED_CONFIG)}})
     dit = timed("transformer", lambda: bench_transformer.build(config, device, bf16))
+    if transformer_format != "bf16":
+        seconds["quantized_layers"] = quantize_blocks(dit, transformer_format)
     out["1"] = (Loaded.register(dit, _info("transformer", Kind.TRANSFORMER), on_unload=release),)
 
     gemma_config = Gemma4UnifiedConfig(text_config=bench_text_encoder.REAL_TEXT_CONFIG, gemma_version=GEMMA_VERSION)
@@ -321,6 +324,29 @@ AB_VARIANTS = {
 }
 
 
+def quantize_blocks(model: torch.nn.Module, kind: str) -> int:
+    """Replace every nn.Linear inside the DiT's blocks by a `QuantizedLinear` of its weight (as a quantized file loads
+    'as stored'); returns how many were replaced."""
+    from nodes.ltx.files.quant import LayerFormat
+    from nodes.ltx.files import quant
+    from nodes.ltx.kernels.quantized_linear import QuantizedLinear
+
+    count = 0
+    for block in model.streamable_blocks()[0]:
+        for owner in list(block.modules()):
+            for name, child in list(owner.named_children()):
+                if type(child) is torch.nn.Linear and child.in_features % 16 == 0:
+                    fmt = LayerFormat(kind, 0)
+                    stored = quant.quantize(fmt, child.weight.detach().float())
+                    bias = None if child.bias is None else child.bias.detach()
+                    setattr(owner, name, QuantizedLinear(fmt, child.in_features, child.out_features, stored["weight"],
+                                                         stored["weight_scale"], stored.get("weight_scale_2"),
+                                                         bias).eval())
+                    count += 1
+    torch.cuda.empty_cache()
+    return count
+
+
 def _peak_rss_gib() -> float:
     """The process's peak resident host memory so far (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -343,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--card-gib", type=float, default=0.0,
                         help="CUDA: hold a filler allocation so only this many GiB of the card are usable, to watch "
                         "model management evict (on a 141 GB card all 66.6 GiB of weights fit and nothing moves)")
+    parser.add_argument("--transformer", choices=("bf16", "nvfp4"), default="bf16", help="CUDA: nvfp4 quantizes "
+                        "every Linear of the DiT's blocks as the released -nvfp4 file stores them (kept packed, "
+                        "dequantized just in time)")
     parser.add_argument("--size", default=None, help="WIDTHxHEIGHTxFRAMES on CUDA (default 768x512x121)")
     parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "bench_ab_graph.json")
                         if os.environ.get("OUT") else None)
@@ -375,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cudnn.benchmark = True
         result["gpu_total_gib"] = torch.cuda.mem_get_info(device)[1] / GiB
         tiny_text_encoder = os.path.join(work, "models", *OFFICIAL_FILES["text_encoder"])
-        preset, result["build_s"], gemma = build_real(device, tiny_text_encoder)
+        preset, result["build_s"], gemma = build_real(device, tiny_text_encoder, args.transformer)
+        result["transformer_format"] = args.transformer
         heavy = {LOADERS[k]: v[0].module for k, v in preset.items() if k != "2"}
         heavy["text_encoder"] = gemma
         result["weights_gib"] = {name: bridge.module_bytes(m) / GiB for name, m in heavy.items()}
