@@ -134,3 +134,23 @@ def test_a_heavier_phase_replans_the_placement(deep_transformer):
         bridge.set_vram_budget_gb(None)
         bridge.unload_model(handle.patcher)
     assert (light, heavy, again) == (3, 4, 4)
+
+
+def test_a_decoder_is_placed_even_when_its_untiled_working_memory_exceeds_the_budget(deep_transformer):
+    """A model without blocks (a decoder) asks for its untiled working memory so that much is freed where possible;
+    if less is available it is still placed and its auto tiling plans within what is free (on a 16 GiB card the
+    diffusion decoder was refused for its 18 GiB untiled estimate). A model with blocks cannot tile its working
+    memory away: the same shortfall is an error naming it."""
+    decoder = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    handle = Loaded(decoder, bridge.make_patcher(decoder), None)
+    transformer = copy.deepcopy(deep_transformer)
+    dit = Loaded(transformer, bridge.make_patcher(transformer), None)
+    bridge.set_vram_budget_gb(2 * bridge.module_bytes(transformer) / 2**30)
+    try:
+        assert handle.ready(1 << 40) is decoder and handle.patcher.is_loaded()
+        with pytest.raises(LTX25Error, match="LTX25Transformer"):
+            dit.ready(1 << 40)
+    finally:
+        bridge.set_vram_budget_gb(None)
+        bridge.unload_model(handle.patcher)
+        bridge.unload_model(dit.patcher)

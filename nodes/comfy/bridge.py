@@ -309,6 +309,11 @@ class StandalonePatcher:
         cap = _budget_cap()
         budget = min(available, cap) if cap is not None else available
         name = type(self.model).__name__
+        if not streaming.blocks_of(self.model):
+            # A model without blocks (the decoders) asks for its untiled working memory so that much is freed if
+            # possible, as ComfyUI's load_models_gpu does; its auto tiling then plans within what is really free,
+            # so what is missing is not an error here (the tiling refuses with figures if even its floor is short).
+            memory_required = min(memory_required, max(budget - module_bytes(self.model), 0))
         plan = streaming.place(self.model, device, budget, memory_required, where=name, keep_host=True)
         vars(self.model)["_ltx25_placed"] = (str(device), budget, memory_required)
         show_on_node(plan.describe(name))
