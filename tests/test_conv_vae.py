@@ -267,13 +267,16 @@ def test_auto_decode_tiles_under_a_forced_budget_and_reports_each_tile(vae):
     the same shape; the stats list every tile's pixel size."""
     z = _latent(1, 128, 3, 2, 4)
     untiled = cv.decode_plan(vae, tuple(z.shape), TilingRequest("off"), None).estimate_bytes
-    calls = []
+    calls, plans = [], []
     frames, stats = cv.decode_conv(vae, z, tiling(80, 768, 0, 32, "auto"), free_memory=untiled // 2,
-                                   on_step=lambda done, total: calls.append((done, total)))
+                                   on_step=lambda done, total: calls.append((done, total)), on_plan=plans.append)
     assert frames.shape == (17, 64, 128, 3)
     assert stats.tile_count > 1 and len(stats.tile_sizes) == stats.tile_count
     assert calls == [(i + 1, stats.tile_count) for i in range(stats.tile_count)]
     assert stats.extra["estimate_bytes"] <= untiled // 2
+    # the plan the node shows before the first tile: the grid, and the expected peak against the budget
+    assert len(plans) == 1 and f"{stats.tile_count} tiles" in plans[0] and "17×64×128" in plans[0]
+    assert f"expected peak {stats.extra['estimate_bytes'] / 2**30:.2f} GiB" in plans[0]
 
 
 class _ConstantTiles(torch.nn.Module):

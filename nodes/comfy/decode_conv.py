@@ -41,7 +41,7 @@ class LTX25ConvVAEDecode:
         vae = video_vae.ready(working_memory(video_vae.module, tuple(samples.shape), request))
         images, stats = decode_conv(vae, samples, request, bridge.free_device_memory(),
                                     bridge.step_callback(1, "conv VAE decode"), where=NODE,
-                                    check=bridge.check_interrupt)
+                                    check=bridge.check_interrupt, on_plan=bridge.show_on_node)
         # The ui entry carries the figures the canvas shows on the node (web/ltx25_ab_viewer.js).
         return {"ui": {"ltx25_decode_stats": [stats.as_dict()]},
                 "result": (images.to(bridge.intermediate_device()), stats)}

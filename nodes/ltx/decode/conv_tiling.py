@@ -87,6 +87,15 @@ class TilePlan:
     def pixel_shape(self) -> tuple[int, int, int]:
         return pixel_shape(self.latent_shape)
 
+    def describe(self, name: str, budget_bytes: int | None = None) -> str:
+        """One line for the user: untiled or the tile grid, why, and the expected peak against the budget."""
+        frames, height, width = self.pixel_shape
+        layout = "untiled" if not self.tiled else \
+            f"{self.count} tiles ({len(self.frames)} × {len(self.rows)} × {len(self.cols)}: frames × rows × columns)"
+        budget = "" if budget_bytes is None else f" of {budget_bytes / 2**30:.2f} GiB available"
+        return (f"{name}: {frames}×{height}×{width} {layout}, expected peak {self.estimate_bytes / 2**30:.2f} GiB"
+                f"{budget} ({self.reason})")
+
     def tiles(self) -> Iterator[tuple[Interval, Interval, Interval]]:
         """(frames, rows, cols) latent intervals, every spatial tile of one temporal tile before the next."""
         return itertools.product(self.frames, self.rows, self.cols)

@@ -183,7 +183,8 @@ READBACK_FRAMES = 8   # frames per piece when a shifted last tile's overlap come
 def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, request: TilingRequest = TilingRequest(),
                 free_memory: int | None = None, on_step: Callable[[int, int], None] | None = None,
                 where: str = "decode_conv", stack_tiles: bool | None = None,
-                check: Callable[[], None] | None = None) -> tuple[torch.Tensor, DecodeStats]:
+                check: Callable[[], None] | None = None,
+                on_plan: Callable[[str], None] | None = None) -> tuple[torch.Tensor, DecodeStats]:
     """Normalized latent `[B, 128, F', H', W']` → frames `[B·F, H, W, 3]` float32 in [0, 1] on the CPU, with
     F = 8(F'−1)+1, H = 32H', W = 32W'; and the `DecodeStats` (decoder "conv").
 
@@ -198,6 +199,7 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, request: TilingRequest 
     tile (progress; it raises to interrupt); `check()` before each of the decoder's blocks (it raises to interrupt
     inside a tile: an untiled decode is one tile). `where` names the node in errors. `stack_tiles` (default: on CUDA
     only, where small tiles leave the GPU waiting on launches; on the CPU it only adds memory) allows the stacking.
+    `on_plan(line)` gets the plan (`TilePlan.describe`) before the first tile runs.
     """
     check_video_latent(latent, f"{where}.latent")
     request.check(where)
@@ -206,6 +208,8 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, request: TilingRequest 
     memory_budget = request.budget_bytes(weight_bytes(vae), free_bytes(device) if free_memory is None else free_memory,
                                          where)
     plan = decode_plan(vae, tuple(latent.shape), request, memory_budget)
+    if on_plan is not None:
+        on_plan(plan.describe("Conv VAE decode", memory_budget))
     stacking = device.type == "cuda" if stack_tiles is None else stack_tiles
     stack = tile_batch(plan, _cost(vae, latent.shape[0]), memory_budget) if stacking else 1
     weights_t, weights_h, weights_w = plan.axis_weights()
