@@ -14,6 +14,7 @@ to run the DiT's blocks compiled or eager, is here too.
 from __future__ import annotations
 
 import types
+from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import diffusers
@@ -127,6 +128,36 @@ def override_forward(module: torch.nn.Module, forward: Callable[..., torch.Tenso
         module.forward = types.MethodType(forward, module)
     else:
         module.__dict__.pop("forward", None)
+
+
+# ---------------------------------------------------------------------------------------------------- the DiT's AdaLN
+AV_SCALE_SHIFT = ("av_cross_attn_video_scale_shift", "av_cross_attn_audio_scale_shift")
+
+
+@contextmanager
+def av_scale_shift_from_own_timesteps(dit: torch.nn.Module, video: torch.Tensor,
+                                      audio: torch.Tensor) -> Iterator[None]:
+    """Within the block, diffusers' `LTX2VideoTransformer3DModel` (called with `use_cross_timestep=True`) computes
+    each stream's audio↔video cross-attention scale/shift from that stream's OWN per-token timesteps — `video`
+    `[B, N]` or `[B, 1]`, `audio` `[B, T]` or `[B, 1]`, already × the timestep multiplier — as ltx-core does.
+
+    diffusers feeds one timestep to both AdaLNs of a stream's cross-attention: the other stream's σ with
+    `use_cross_timestep=True`, its own timesteps without. ltx-core feeds the gate the other stream's σ and the
+    scale/shift the stream's own per-token timesteps; the two agree only while every token has the same σ
+    (text-to-video). So the gate keeps diffusers' input and a forward pre-hook (public torch API, but it relies on
+    diffusers calling these modules with the timestep as first argument) swaps the scale/shift input. Hooks are
+    Python: a CUDA graph captured inside keeps reading `video`/`audio` (static buffers) at replay."""
+    require(dit, AV_SCALE_SHIFT, "the per-token audio-video cross-attention modulation")
+    handles = []
+    try:
+        for name, own in zip(AV_SCALE_SHIFT, (video, audio)):
+            def swap(_module, args, kwargs, own=own):
+                return (own.flatten(), *args[1:]), kwargs
+            handles.append(getattr(dit, name).register_forward_pre_hook(swap, with_kwargs=True))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 # ---------------------------------------------------------------------------------------------------- torch.compile

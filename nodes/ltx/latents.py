@@ -59,8 +59,11 @@ def empty_latent_shapes(width: int, height: int, frames: int, fps: float, batch:
     return (video_latent_shape(width // scale, height // scale, frames, batch), audio_latent_shape(frames, fps, batch))
 
 
-def check_latent_pair(video: torch.Tensor, audio: torch.Tensor, fps: float, where: str) -> None:
-    """A video latent `[B,128,F',H',W']` and an audio latent `[B,8,T,16]` that belong to the same clip at `fps`."""
+def check_latent_pair(video: torch.Tensor, audio: torch.Tensor, fps: float, where: str,
+                      offsets: tuple[int, int] = (0, 0)) -> None:
+    """A video latent `[B,128,F',H',W']` and an audio latent `[B,8,T,16]` that belong to the same clip at `fps`
+    (with `offsets`: the window of a longer clip that starts at those video/audio latent indices, as extending one
+    samples it: its audio runs to that clip's end)."""
     if video.ndim != 5 or video.shape[1] != VIDEO_CHANNELS:
         raise LTX25Error(f"{where}.video_latent", "the video latent shape", list(video.shape),
                          f"[B, {VIDEO_CHANNELS}, F', H', W']", "Connect a video latent from LTX-2.5 Empty Latent.")
@@ -75,10 +78,11 @@ def check_latent_pair(video: torch.Tensor, audio: torch.Tensor, fps: float, wher
     if audio.shape[0] != video.shape[0]:
         raise LTX25Error(f"{where}.audio_latent", "the audio batch size", audio.shape[0],
                          f"{video.shape[0]} (the video latent's)", "Both latents must come from the same Empty Latent.")
-    want = audio_latent_frames(pixel_frames(video.shape[2]), fps)
+    want = audio_latent_frames(pixel_frames(offsets[0] + video.shape[2]), fps) - offsets[1]
     if audio.shape[2] != want:
+        window = f" (a window from latent {offsets[0]} of a longer clip)" if offsets[0] else ""
         raise LTX25Error(f"{where}.audio_latent", "the audio latent length", audio.shape[2],
-                         f"{want} for {pixel_frames(video.shape[2])} frames at {fps} fps",
+                         f"{want} for {pixel_frames(video.shape[2])} frames at {fps} fps{window}",
                          "The audio and video latents belong to different clips or frame rates.")
 
 

@@ -7,11 +7,13 @@ The modes (`bench/bench_transformer.py` runs these same denoisers; their speeds 
 - compile_cuda_graph: the repeated blocks compiled, cuDNN attention, then graphed; the fastest, after a compilation
   on first use; x0 moves by bf16 rounding (about as much as diffusers' forward differs from ours).
 
-Graphs: one per (latent shapes, fps, context shapes, weights' dtype/device, mode), cached on the model object (so they
-go when it is garbage-collected). Inputs are copied into static buffers every call — latent tokens, σ AND the text
-context — so a new prompt replays the same graph. The weights' addresses are the cache's signature: when model
-management offloads and reloads the model, the next factory call drops the stale graphs. All graphs of a model share
-one memory pool: they never run concurrently and each output is consumed before the next replay.
+Graphs: one per (latent shapes, fps, context shapes, timestep shapes, weights' dtype/device, mode), cached on the
+model object (so they go when it is garbage-collected). Inputs are copied into static buffers every call — latent
+tokens, the timesteps (per token when the stage is guided: guides.py), the positions and keyframe marks, AND the text
+context — so a new prompt, new guides or a guide at another frame replay the same graph. The weights' addresses are
+the cache's signature: when model management offloads and reloads the model, the next factory call drops the stale
+graphs. All graphs of a model share one memory pool: they never run concurrently and each output is consumed before
+the next replay.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import torch
 from .. import compat
 from ..errors import LTX25Error
 from ..streaming import is_streaming
+from .guides import GuidedStage
 from .positions import patchify_audio, patchify_video
 
 log = logging.getLogger("ltx25")
@@ -62,9 +65,12 @@ def resolve_mode(mode: str, device: torch.device) -> str:
     return mode
 
 
-def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto") -> DenoiseFn:
+def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
+                  guided: GuidedStage | None = None) -> DenoiseFn:
     """`(video [B,128,F',H',W'], audio [B,8,T,16], σ) → (x0 video, x0 audio)` float32 on the inputs' devices, for
     `model` (`LTX25Transformer`) with `cond` (`Conditioning`) at `fps`; `mode` is 'auto' or a key of `MODES`.
+    `guided` (on the model's device): the stage's guides — per-token timesteps and positions (the video then carries
+    the appended guide frames); the x0 is unblended (the sampler holds the conditioned tokens).
 
     A denoiser sets the model's compiled state and attention backend for its own calls (graph modes: for their
     captures), so denoisers of different modes on one model do not disturb each other."""
@@ -76,14 +82,15 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto") 
         resolved = "eager"
     spec = MODES[resolved]
     if spec.graph:
-        denoise = _graph_denoiser(model, cond, fps, spec)
+        denoise = _graph_denoiser(model, cond, fps, spec, guided)
     else:
         # Imported on use, like sampling.py: tests stand a fake in for `nodes.ltx.dit.transformer`.
         from .transformer import denoise as eager_denoise
+        extra = {} if guided is None else {"guided": guided}
 
         def denoise(video: torch.Tensor, audio: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
             _set_compiled(model, spec.compile)
-            return eager_denoise(model, video, audio, sigma, cond, fps)
+            return eager_denoise(model, video, audio, sigma, cond, fps, **extra)
 
     if spec.attention is None:
         return denoise
@@ -122,9 +129,9 @@ class _Graph:
     replay: Callable[[], tuple[torch.Tensor, torch.Tensor]]  # → the static velocity outputs
     video_tokens: torch.Tensor      # [B, N, 128] static inputs, weights' dtype
     audio_tokens: torch.Tensor      # [B, T, 128]
-    sigma: torch.Tensor             # [B] float32
+    steps: Any                      # guides.Timesteps of static float32 buffers
     context: tuple[torch.Tensor, ...]
-    grid: Any                       # the positions the graph reads: held so their memory stays theirs
+    grid: Any                       # guides.Grid of static buffers: positions and keyframe marks
 
 
 @dataclass
@@ -179,41 +186,48 @@ def record_graph(forward: Callable[[], Any], cache: _GraphCache, device: torch.d
     return _record(forward, cache, device)
 
 
+def _static(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone().contiguous()
+
+
 def _capture(model: torch.nn.Module, video: torch.Tensor, audio: torch.Tensor, cond, fps: float,
-             cache: _GraphCache) -> _Graph:
+             cache: _GraphCache, steps, grid) -> _Graph:
+    from .guides import Grid, Timesteps
     from .transformer import velocity
     weight = model.dit.proj_in.weight
-    b, _, f, h, w = video.shape
-    grid = model.grid(b, f, h, w, audio.shape[2], fps, weight.device)
-    context = tuple(t.clone() for t in model.context(cond, weight.device, weight.dtype, b))
-    video_tokens = patchify_video(video).to(weight.device, weight.dtype).clone()
-    audio_tokens = patchify_audio(audio).to(weight.device, weight.dtype).clone()
-    sigma = torch.zeros(b, dtype=torch.float32, device=weight.device)
-    replay = _record(lambda: velocity(model, video_tokens, audio_tokens, sigma, context, grid), cache, weight.device)
-    return _Graph(replay, video_tokens, audio_tokens, sigma, context, grid)
+    context = tuple(_static(t) for t in model.context(cond, weight.device, weight.dtype, video.shape[0]))
+    video_tokens = _static(patchify_video(video).to(weight.device, weight.dtype))
+    audio_tokens = _static(patchify_audio(audio).to(weight.device, weight.dtype))
+    steps, grid = Timesteps(*map(_static, steps)), Grid(*map(_static, grid))
+    replay = _record(lambda: velocity(model, video_tokens, audio_tokens, steps, context, grid), cache, weight.device)
+    return _Graph(replay, video_tokens, audio_tokens, steps, context, grid)
 
 
-def _graph_denoiser(model: torch.nn.Module, cond, fps: float, spec: Mode) -> DenoiseFn:
-    from .transformer import check_denoise_inputs, x0_from_velocity
+def _graph_denoiser(model: torch.nn.Module, cond, fps: float, spec: Mode,
+                    guided: GuidedStage | None = None) -> DenoiseFn:
+    from .transformer import check_denoise_inputs, forward_inputs, x0_from_velocity
     cache, weight = _graph_cache(model), model.dit.proj_in.weight
 
     def denoise(video: torch.Tensor, audio: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
         check_denoise_inputs(model.config, video, audio, cond)
         with torch.inference_mode():
+            steps, grid = forward_inputs(model, video, audio, sigma, fps, guided, weight.device)
             key = (tuple(video.shape), tuple(audio.shape), float(fps), tuple(cond.video.shape),
-                   tuple(cond.audio.shape), weight.dtype, str(weight.device), spec)
+                   tuple(cond.audio.shape), tuple(tuple(t.shape) for t in steps), weight.dtype, str(weight.device),
+                   spec)
             if key not in cache.graphs:
                 if len(cache.graphs) >= MAX_GRAPHS:
                     cache.graphs.clear()
                 _set_compiled(model, spec.compile)
-                cache.graphs[key] = _capture(model, video, audio, cond, fps, cache)
+                cache.graphs[key] = _capture(model, video, audio, cond, fps, cache, steps, grid)
             graph = cache.graphs[key]
             graph.video_tokens.copy_(patchify_video(video))
             graph.audio_tokens.copy_(patchify_audio(audio))
-            graph.sigma.fill_(float(sigma))
+            for static, value in zip((*graph.steps, *graph.grid), (*steps, *grid)):
+                static.copy_(value)
             for static, value in zip(graph.context, model.context(cond, weight.device, weight.dtype,
                                                                      video.shape[0])):
                 static.copy_(value)
             v, a = graph.replay()
-            return x0_from_velocity(video, audio, v, a, sigma, weight.device)
+            return x0_from_velocity(video, audio, v, a, sigma, weight.device, guided)
     return denoise

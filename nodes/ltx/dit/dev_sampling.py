@@ -17,6 +17,7 @@ import torch
 from ..errors import LTX25Error
 from . import res2s, sampling
 from .guidance import Guidance, make_guided_denoiser
+from .guides import Guides, GuidedStage
 
 DEV_STEPS = 30                       # the 2.3-lineage default, which 2.4 and 2.5 inherit
 BASE_SHIFT, MAX_SHIFT = 0.95, 2.05
@@ -48,11 +49,12 @@ def latent_tokens(video_shape: Sequence[int]) -> int:
 def sample_guided(model: torch.nn.Module, guidance: Guidance, video: torch.Tensor, audio: torch.Tensor, *, fps: float,
                   seed: int, sigmas: Sequence[float], sampler: str = "euler", stage: int = 1,
                   on_step: sampling.OnStep | None = None, output_device: torch.device | None = None,
-                  acceleration: str = "auto", batching: str = "sequential",
-                  denoise: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  acceleration: str = "auto", batching: str = "sequential", denoise: Callable | None = None,
+                  guides: Guides | GuidedStage | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One guided stage: video `[B,128,F',H',W']` + audio `[B,8,T,16]` (normalized; stage 1: zeros) at `fps` →
-    sampled latents on `output_device` (default: where they came from). `denoise(video, audio, σ) → x0` replaces the
-    guided denoiser (tests)."""
+    sampled latents on `output_device` (default: where they came from), of the input shapes. `guides`: as for
+    `sampling.sample_distilled`. `denoise(video, audio, σ) → x0` replaces the guided denoiser (tests; it then gets
+    the latents with the appended guide frames)."""
     if sampler not in SAMPLERS:
         raise LTX25Error("sampler", "the sampler", repr(sampler), " / ".join(SAMPLERS))
     if stage not in (1, 2):
@@ -60,11 +62,13 @@ def sample_guided(model: torch.nn.Module, guidance: Guidance, video: torch.Tenso
     out_device = output_device or video.device
     device = next(model.parameters()).device
     video, audio = video.to(device), audio.to(device)
-    denoise_fn = denoise or make_guided_denoiser(model, guidance, fps, acceleration, batching)
+    held = sampling.guided_stage(guides, video, audio, fps, device)
+    denoise_fn = denoise or make_guided_denoiser(model, guidance, fps, acceleration, batching, held)
     if sampler == "res_2s":
-        video, audio = res2s.sample_res2s(denoise_fn, video, audio, sigmas, seed, stage, on_step)
+        video, audio = res2s.sample_res2s(denoise_fn, video, audio, sigmas, seed, stage, on_step, held=held)
     else:
-        video, audio = sampling.sample_stage(denoise_fn, video, audio, sigmas, sampler, seed, stage, on_step)
+        video, audio = sampling.sample_stage(denoise_fn, video, audio, sigmas, sampler, seed, stage, on_step,
+                                             held=held)
     return video.to(out_device), audio.to(out_device)
 
 

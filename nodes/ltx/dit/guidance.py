@@ -22,6 +22,7 @@ import torch
 from ..conditioning import Conditioning
 from ..errors import LTX25Error
 from . import accelerated_denoise
+from .guides import Grid, GuidedStage, Timesteps, uniform_timesteps
 from .perturbation import A2V, AUDIO_SELF, NONE, V2A, VIDEO_SELF, Masks, Perturbation, build_masks, perturbed
 from .positions import patchify_audio, patchify_video
 
@@ -121,10 +122,11 @@ def parse_blocks(text: str, where: str) -> tuple[int, ...] | None:
 
 # ---------------------------------------------------------------------------------------------------- the denoiser
 def make_guided_denoiser(model: torch.nn.Module, guidance: Guidance, fps: float, mode: str = "auto",
-                         batching: str = "sequential") -> DenoiseFn:
+                         batching: str = "sequential", guided: GuidedStage | None = None) -> DenoiseFn:
     """`(video [B,128,F',H',W'], audio [B,8,T,16], σ) → (guided x0 video, guided x0 audio)` float32 on the inputs'
     devices. `batching`: 'sequential' runs the passes one forward each (the reference's default, max batch 1);
-    'batched' runs them as one forward of passes × B rows. `mode`: 'auto', 'eager' or 'cuda_graph'."""
+    'batched' runs them as one forward of passes × B rows. `mode`: 'auto', 'eager' or 'cuda_graph'. `guided`: the
+    stage's guides (every pass gets their timesteps and positions; the sampler holds the tokens after combining)."""
     if mode not in ACCELERATIONS:
         raise LTX25Error("acceleration", "the mode", repr(mode), " / ".join(ACCELERATIONS),
                          "torch.compile is not offered for guided sampling.")
@@ -132,7 +134,7 @@ def make_guided_denoiser(model: torch.nn.Module, guidance: Guidance, fps: float,
         raise LTX25Error("pass_batching", "the choice", repr(batching), " / ".join(PASS_BATCHING))
     passes = guidance.passes()
     if len(passes) == 1:  # neutral scales: the unguided denoiser itself
-        return accelerated_denoise.make_denoiser(model, guidance.positive, fps, mode)
+        return accelerated_denoise.make_denoiser(model, guidance.positive, fps, mode, guided)
     guidance.check(len(model.dit.transformer_blocks))
     weight = model.dit.proj_in.weight
     device, dtype = weight.device, weight.dtype
@@ -155,13 +157,17 @@ def make_guided_denoiser(model: torch.nn.Module, guidance: Guidance, fps: float,
                 context = tuple(_rows(contexts[group[0].negative][i], b) if len(group) == 1 else
                                 torch.cat([_rows(contexts[p.negative][i], b) for p in group]) for i in (0, 1))
                 samples = [p.perturbation for p in group for _ in range(b)]
-                grid = model.grid(rows, f, h, w, audio.shape[2], fps, device)
-                sigma_t = torch.full((rows,), float(sigma), dtype=torch.float32, device=device)
+                if guided is None:
+                    grid = model.grid(rows, f, h, w, audio.shape[2], fps, device)
+                    steps = uniform_timesteps(torch.full((rows,), float(sigma), dtype=torch.float32, device=device))
+                else:
+                    guided.check_latents(video, audio)
+                    steps, grid = guided.timesteps(sigma, rows), Grid(*(_repeat(t, len(group)) for t in guided.grid))
                 inputs = tuple(t.repeat(len(group), 1, 1) if len(group) > 1 else t for t in tokens)
                 forward = _graph_forward if graphed else _eager_forward
-                v, a = forward(model, samples, inputs, sigma_t, context, grid, (f, h, w, fps))
+                v, a = forward(model, samples, inputs, steps, context, grid, (f, h, w, fps))
                 for p, v_i, a_i in zip(group, v.chunk(len(group)), a.chunk(len(group))):
-                    x0[p.name] = x0_from_velocity(video, audio, v_i, a_i, sigma, device)
+                    x0[p.name] = x0_from_velocity(video, audio, v_i, a_i, sigma, device, guided)
         video_x0 = combine(guidance.video, x0["cond"][0], *(_pass(x0, n, 0) for n in ("uncond", "perturbed",
                                                                                       "isolated")))
         audio_x0 = combine(guidance.audio, x0["cond"][1], *(_pass(x0, n, 1) for n in ("uncond", "perturbed",
@@ -179,6 +185,11 @@ def _context(cond: Conditioning, device: torch.device, dtype: torch.dtype) -> tu
     return cond.video.to(device, dtype), cond.audio.to(device, dtype)
 
 
+def _repeat(t: torch.Tensor, times: int) -> torch.Tensor:
+    """A per-clip tensor for a forward of `times` passes of the batch (rows pass-major, as the contexts)."""
+    return t if times == 1 else t.repeat(times, *([1] * (t.ndim - 1)))
+
+
 def _rows(context: torch.Tensor, batch: int) -> torch.Tensor:
     """One prompt serves every clip of the batch (as `LTX25Transformer.context` expands it)."""
     return context.expand(batch, -1, -1) if context.shape[0] == 1 and batch > 1 else context
@@ -189,40 +200,42 @@ def _streaming(model: torch.nn.Module) -> bool:
     return is_streaming(model)
 
 
-def _perturbed_velocity(model, masks: Masks, tokens, sigma_t, context, grid) -> tuple[torch.Tensor, torch.Tensor]:
+def _perturbed_velocity(model, masks: Masks, tokens, steps, context, grid) -> tuple[torch.Tensor, torch.Tensor]:
     from .transformer import velocity
     with perturbed(model.dit.transformer_blocks, masks):
-        return velocity(model, tokens[0], tokens[1], sigma_t, context, grid)
+        return velocity(model, tokens[0], tokens[1], steps, context, grid)
 
 
-def _eager_forward(model, samples: Sequence[Perturbation], tokens, sigma_t, context, grid, _shape):
-    masks = build_masks(samples, len(model.dit.transformer_blocks), sigma_t.device)
-    return _perturbed_velocity(model, masks, tokens, sigma_t, context, grid)
+def _eager_forward(model, samples: Sequence[Perturbation], tokens, steps, context, grid, _shape):
+    masks = build_masks(samples, len(model.dit.transformer_blocks), steps.video.device)
+    return _perturbed_velocity(model, masks, tokens, steps, context, grid)
 
 
 @dataclass
 class _GuidedGraph:
     replay: Callable[[], tuple[torch.Tensor, torch.Tensor]]
-    statics: tuple[torch.Tensor, ...]  # video tokens, audio tokens, σ, video context, audio context
-    held: tuple                        # the grid and keep masks the graph reads: their memory stays theirs
+    statics: tuple[torch.Tensor, ...]  # video tokens, audio tokens, 4 timesteps, 2 contexts, 3 grid tensors
+    held: tuple                        # the keep masks the graph reads: their memory stays theirs
 
 
-def _graph_forward(model, samples: Sequence[Perturbation], tokens, sigma_t, context, grid, shape):
+def _graph_forward(model, samples: Sequence[Perturbation], tokens, steps, context, grid, shape):
     """The group's forward replayed from a CUDA graph per (shapes, perturbations), captured on first use with the
-    perturbation processors in place; inputs (tokens, σ, both contexts) are copied into its static buffers."""
+    perturbation processors in place; inputs (tokens, timesteps, both contexts, positions) are copied into its
+    static buffers."""
     cache = accelerated_denoise.graph_cache(model)
-    key = ("guided", tuple(samples), tuple(tokens[0].shape), tuple(tokens[1].shape), tuple(context[0].shape),
-           tuple(context[1].shape), shape, tokens[0].dtype, str(tokens[0].device))
+    values = (*tokens, *steps, *context, *grid)
+    key = ("guided", tuple(samples), tuple(tuple(t.shape) for t in values), shape, tokens[0].dtype,
+           str(tokens[0].device))
     if key not in cache.graphs:
         if len(cache.graphs) >= accelerated_denoise.MAX_GRAPHS:
             cache.graphs.clear()
-        statics = tuple(t.clone() for t in (*tokens, sigma_t, *context))
-        masks = build_masks(samples, len(model.dit.transformer_blocks), sigma_t.device)
+        statics = tuple(t.detach().clone().contiguous() for t in values)
+        masks = build_masks(samples, len(model.dit.transformer_blocks), tokens[0].device)
         replay = accelerated_denoise.record_graph(
-            lambda: _perturbed_velocity(model, masks, statics[:2], statics[2], statics[3:5], grid), cache,
-            sigma_t.device)
-        cache.graphs[key] = _GuidedGraph(replay, statics, (grid, masks))
+            lambda: _perturbed_velocity(model, masks, statics[:2], Timesteps(*statics[2:6]), statics[6:8],
+                                        Grid(*statics[8:11])), cache, tokens[0].device)
+        cache.graphs[key] = _GuidedGraph(replay, statics, (masks,))
     graph = cache.graphs[key]
-    for static, value in zip(graph.statics, (*tokens, sigma_t, *context)):
+    for static, value in zip(graph.statics, values):
         static.copy_(value)
     return graph.replay()

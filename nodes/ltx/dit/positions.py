@@ -43,40 +43,52 @@ def unpatchify_audio(tokens: torch.Tensor, shape: tuple[int, ...]) -> torch.Tens
     return tokens.reshape(b, t, c, m).transpose(1, 2)
 
 
+def latent_pixel_bounds(frames: int, height: int, width: int, frame_offset: int = 0,
+                        device: torch.device | str | None = None) -> torch.Tensor:
+    """`[3, F·H·W, 2]` pixel bounds (frames, rows, columns) of latent cells `[8f, 8f+8) × [32h, 32h+32) × …`, tokens
+    in (f, h, w) order, f counted from `frame_offset`; no causal fix, not in seconds (the callers apply those)."""
+    st, sh, sw = VIDEO_SCALE
+    f, h, w = torch.meshgrid(torch.arange(frame_offset, frame_offset + frames, device=device),
+                             torch.arange(height, device=device), torch.arange(width, device=device), indexing="ij")
+    start = torch.stack([f, h, w]).flatten(1).float()                      # [3, N] latent index
+    scale = torch.tensor([st, sh, sw], dtype=torch.float32, device=device)[:, None]
+    return torch.stack([start * scale, (start + 1) * scale], dim=-1)       # [3, N, 2] pixel bounds
+
+
 def video_position_bounds(batch: int, frames: int, height: int, width: int, fps: float,
-                          device: torch.device | str | None = None) -> torch.Tensor:
+                          device: torch.device | str | None = None, frame_offset: int = 0) -> torch.Tensor:
     """`[B, 3, F·H·W, 2]` bounds (time s, y px, x px) of every latent cell, tokens in (f, h, w) order.
 
     Time: pixel frames `[8f, 8f+8)` shifted by the causal fix `max(· + 1 − 8, 0)` (frame 0 → `[0, 1)`, frame f →
-    `[8f−7, 8f+1)`), then divided by fps. Space: `[32h, 32h+32)`.
+    `[8f−7, 8f+1)`), then divided by fps. Space: `[32h, 32h+32)`. `frame_offset` numbers the frames from there:
+    the window of a longer clip (extend) keeps the positions its frames have in that clip.
     """
-    st, sh, sw = VIDEO_SCALE
-    f, h, w = torch.meshgrid(torch.arange(frames, device=device), torch.arange(height, device=device),
-                             torch.arange(width, device=device), indexing="ij")
-    start = torch.stack([f, h, w]).flatten(1).float()                      # [3, N] latent index
-    scale = torch.tensor([st, sh, sw], dtype=torch.float32, device=device)[:, None]
-    bounds = torch.stack([start * scale, (start + 1) * scale], dim=-1)      # [3, N, 2] pixel bounds
+    st = VIDEO_SCALE[0]
+    bounds = latent_pixel_bounds(frames, height, width, frame_offset, device)
     bounds[0] = (bounds[0] + 1 - st).clamp(min=0) / fps
     return bounds.unsqueeze(0).expand(batch, -1, -1, -1)
 
 
-def audio_position_bounds(batch: int, frames: int, device: torch.device | str | None = None) -> torch.Tensor:
+def audio_position_bounds(batch: int, frames: int, device: torch.device | str | None = None,
+                          offset: int = 0) -> torch.Tensor:
     """`[B, 1, T, 2]` bounds in seconds of every audio latent frame: mel frames `max(4i−3, 0) … max(4i+1, 0)`
-    (the same causal fix), times 160 / 16000 s."""
-    i = torch.arange(frames, dtype=torch.float32, device=device)
+    (the same causal fix), times 160 / 16000 s; i counted from `offset` (a window of a longer clip)."""
+    i = torch.arange(offset, offset + frames, dtype=torch.float32, device=device)
     mel = torch.stack([i, i + 1], dim=-1) * AUDIO_LATENT_DOWNSAMPLE
     seconds = (mel + 1 - AUDIO_LATENT_DOWNSAMPLE).clamp(min=0) * MEL_HOP_LENGTH / AUDIO_SAMPLE_RATE
     return seconds[None, None].expand(batch, -1, -1, -1)
 
 
 def first_frame_keyframes_mask(batch: int, frames: int, height: int, width: int,
-                               device: torch.device | str | None = None) -> torch.Tensor:
+                               device: torch.device | str | None = None, frame_offset: int = 0) -> torch.Tensor:
     """`[B, F·H·W, 1]`: 1 on the first latent frame's tokens, 0 elsewhere.
 
     The first latent frame encodes a single pixel frame (causal encoder), the same token class as a generated
     keyframe slot, so the reference marks it unconditionally (ltx-core `_first_frame_keyframes_mask`); the 2.5 DiT
-    adds `keyframes_abs_pos_embedding` to exactly these tokens.
+    adds `keyframes_abs_pos_embedding` to exactly these tokens. A window starting at `frame_offset` > 0 (extend)
+    holds no first frame: nothing is marked.
     """
     mask = torch.zeros(batch, frames * height * width, 1, device=device)
-    mask[:, : height * width] = 1.0
+    if frame_offset == 0:
+        mask[:, : height * width] = 1.0
     return mask

@@ -12,16 +12,19 @@ Re-noising (from σ to σ_n, given the anchor x and the deterministic result y),
     eps = (x − y)/(σ − σ_n);  x0 = x − σ·eps;  r = √(σ_n² − σ_up²);  α = 1 − σ_n + r
     result = α·(x0 + (r/α)·eps) + σ_up·noise
 The noise: float64 normal, standardized over the whole tensor, then per clip over all its values.
+Guides (guides.py): both x0 of a step are held (`GuidedStage.hold`), and so are the midpoint and the next latent after
+their noise injection — the reference's `legacy_mode`, which its HQ pipeline runs.
 """
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from ..errors import LTX25Error
-from .sampling import DenoiseFn, OnStep, check_sigmas, initial_noise
+from .guides import GuidedStage
+from .sampling import DenoiseFn, OnStep, check_sigmas, start_latents
 
 ETA = 0.5                  # SDE noise at each step and (always, in the reference) at each midpoint
 FINAL_SIGMA = 0.0011       # where a schedule ending at 0 stops stepping and takes x0
@@ -70,9 +73,10 @@ def step_noise(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 def sample_res2s(denoise_fn: DenoiseFn, video: torch.Tensor, audio: torch.Tensor, sigmas: Sequence[float],
                  seed: int, stage: int, on_step: OnStep | None = None, eta: float = ETA,
-                 substep_eta: float = ETA) -> tuple[torch.Tensor, torch.Tensor]:
+                 substep_eta: float = ETA, held: GuidedStage | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Noise the latents to `sigmas[0]` (the main generator, as `sampling.sample_stage`), then res_2s steps
-    (`eta`, `substep_eta`: the SDE noise after each step and at each midpoint; the reference's are both 1/2).
+    (`eta`, `substep_eta`: the SDE noise after each step and at each midpoint; the reference's are both 1/2);
+    `held`: the stage's guides (see the module docstring), the outputs cropped to the input shapes.
 
     The SDE noise comes from two CPU generators, seeded `seed + 20000` (steps) and `seed + 30000` (midpoints), one
     draw per modality per use (video, then audio). The reference's HQ pipeline seeds them −1 and 9999 whatever the
@@ -86,38 +90,41 @@ def sample_res2s(denoise_fn: DenoiseFn, video: torch.Tensor, audio: torch.Tensor
     step_gen = torch.Generator().manual_seed((seed + STEP_SEED_OFFSET) % 2**64)
     substep_gen = torch.Generator().manual_seed((seed + SUBSTEP_SEED_OFFSET) % 2**64)
     total = steps + 1
+    hold = (lambda pair: list(pair)) if held is None else (lambda pair: list(held.hold(*pair)))  # noqa: E731
     with torch.inference_mode():
-        noise_video, noise_audio = initial_noise(video, audio, seed, stage)
-        latents = [torch.lerp(video, noise_video, sigmas[0]), torch.lerp(audio, noise_audio, sigmas[0])]
+        latents = list(start_latents(video, audio, sigmas[0], seed, stage, held=held))
         for i in range(steps):
             sigma, sigma_next = float(stepped[i]), float(stepped[i + 1])
-            latents = _step(denoise_fn, latents, sigma, sigma_next, (step_gen, eta), (substep_gen, substep_eta))
+            latents = _step(denoise_fn, latents, sigma, sigma_next, (step_gen, eta), (substep_gen, substep_eta),
+                            hold)
             if on_step is not None:
                 on_step(i + 1, total)
-        latents = [x0.to(x.dtype) for x, x0 in zip(latents, denoise_fn(latents[0], latents[1], FINAL_SIGMA))]
+        final = hold(denoise_fn(latents[0], latents[1], FINAL_SIGMA))
+        latents = [x0.to(x.dtype) for x, x0 in zip(latents, final)]
         if on_step is not None:
             on_step(total, total)
-    return latents[0], latents[1]
+    return (latents[0], latents[1]) if held is None else (held.crop(latents[0]), latents[1])
 
 
 def _step(denoise_fn: DenoiseFn, latents: list[torch.Tensor], sigma: float, sigma_next: float,
-          step_noise_of: tuple[torch.Generator, float], substep_noise_of: tuple[torch.Generator, float]
-          ) -> list[torch.Tensor]:
+          step_noise_of: tuple[torch.Generator, float], substep_noise_of: tuple[torch.Generator, float],
+          hold: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]) -> list[torch.Tensor]:
     (step_gen, eta), (substep_gen, substep_eta) = step_noise_of, substep_noise_of
     h = -math.log(sigma_next / sigma)
     a21, b1, b2 = coefficients(h)
     sub_sigma = math.sqrt(sigma * sigma_next)
     anchors = [x.double() for x in latents]
-    d1 = [x0.double() for x0 in denoise_fn(latents[0], latents[1], sigma)]
+    d1 = [x0.double() for x0 in hold(denoise_fn(latents[0], latents[1], sigma))]
     eps1 = [d - x for d, x in zip(d1, anchors)]
-    mids = [renoise(x, x + h * a21 * e, sigma, sub_sigma, step_noise(x, substep_gen), substep_eta)
-            for x, e in zip(anchors, eps1)]
+    mids = hold([renoise(x, x + h * a21 * e, sigma, sub_sigma, step_noise(x, substep_gen), substep_eta)
+                 for x, e in zip(anchors, eps1)])
     if h < BONG_MAX_H and sigma > BONG_MIN_SIGMA:
         for _ in range(BONG_ROUNDS):
             anchors = [m - h * a21 * e for m, e in zip(mids, eps1)]
             eps1 = [d - x for d, x in zip(d1, anchors)]
-    d2 = [x0.double() for x0 in denoise_fn(*(m.to(x.dtype) for m, x in zip(mids, latents)), sub_sigma)]
+    d2 = [x0.double() for x0 in hold(denoise_fn(*(m.to(x.dtype) for m, x in zip(mids, latents)), sub_sigma))]
     nexts = [x + h * (b1 * e1 + b2 * (d - x)) for x, e1, d in zip(anchors, eps1, d2)]
-    return [renoise(x, y, sigma, sigma_next, step_noise(x, step_gen), eta).to(latent.dtype)
-            for x, y, latent in zip(anchors, nexts, latents)]
+    return [y.to(latent.dtype) for y, latent in zip(
+        hold([renoise(x, y, sigma, sigma_next, step_noise(x, step_gen), eta) for x, y in zip(anchors, nexts)]),
+        latents)]
 

@@ -6,14 +6,19 @@ video on every device; the reference draws on the GPU, so its bits differ from o
 - main generator `manual_seed(seed)`: one `randn` per modality, video then audio; the latents are set to
   `lerp(latent, noise, sigmas[0])` (stage 1: zero latents, 1.0 → pure noise; stage 2: the upsampled video AND the
   stage-1 audio, 0.909375; a custom schedule re-noises to its own first sigma). The reference runs both stages
-  on one generator, so stage 2 first skips the draws stage 1 made (video at half the size, the same audio): with
-  the same seed on both sampler nodes, stage 2 gets fresh noise rather than a re-read of stage 1's.
+  on one generator, so stage 2 first skips the draws stage 1 made (video at half the size with the same appended
+  guide frames, the same audio): with the same seed on both sampler nodes, stage 2 gets fresh noise rather than a
+  re-read of stage 1's.
 - ancestral generator `manual_seed(seed + 10000)`: one `randn` per modality per step, video then audio.
 - layout (`NOISE_LAYOUTS`): 'comfy' (the default) draws each `randn` in the latent's own shape, `[B, C, F, H, W]` /
   `[B, C, T, M]`, as ComfyUI core does, so a seed gives core's noise; 'reference' draws the same sequence in the
   reference's token layout, video `[B, F·H·W, C]` and audio `[B, T, C·M]`, and unpatchifies it, so a seed gives
   ltx-pipelines' noise (up to the device the generator runs on). Both generators follow the layout.
 Stage 1 of LTX-2.5 (`model_version >= 2.5`) is Euler-ancestral (eta 1); older models and every stage 2 use Euler.
+
+Guides (guides.py): the stage's `GuidedStage` appends the guide frames' slots before the noise is drawn (so the draws
+cover them, as the reference's do), pulls conditioned tokens back to their clean values after noising, holds them in
+every step's x0 (and, for Euler-ancestral, in the re-noised latent), and crops the appended frames off the outputs.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from typing import Callable, Sequence
 import torch
 
 from .accelerated_denoise import make_denoiser
+from .guides import Guides, GuidedStage, resolve
 from .positions import unpatchify_audio, unpatchify_video
 from ..files.assets import model_version_tuple
 from ..errors import LTX25Error
@@ -168,28 +174,41 @@ def initial_noise(video: torch.Tensor, audio: torch.Tensor, seed: int, stage: in
 
 
 # ---------------------------------------------------------------------------------------------------- the loop
+def start_latents(video: torch.Tensor, audio: torch.Tensor, sigma: float, seed: int, stage: int,
+                  noise_layout: str = "comfy", held: GuidedStage | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The latents noised to `sigma` from the main generator (with `held`: the appended guide slots first, then the
+    conditioned tokens pulled back to their clean values, as the reference's noiser does)."""
+    if held is not None:
+        video = held.extend(video)
+    noise_video, noise_audio = initial_noise(video, audio, seed, stage, noise_layout)
+    video = torch.lerp(video, noise_video, sigma)
+    audio = torch.lerp(audio, noise_audio, sigma)
+    return (video, audio) if held is None else held.noised(video, audio)
+
+
 def sample_stage(denoise_fn: DenoiseFn, video: torch.Tensor, audio: torch.Tensor, sigmas: Sequence[float],
                  sampler: str, seed: int, stage: int, on_step: OnStep | None = None, noise_layout: str = "comfy",
-                 on_x0: OnX0 | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 on_x0: OnX0 | None = None, held: GuidedStage | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Noise the latents to `sigmas[0]`, then one `denoise_fn(video, audio, σ) → (x0_video, x0_audio)` per step.
 
     video: `[B, 128, F', H', W']`, audio: `[B, 8, T, 16]` (normalized latents; stage 1: zeros). `sampler` is
-    'euler' or 'euler_ancestral' (see `resolve_sampler`); `noise_layout` one of `NOISE_LAYOUTS`. After each step,
-    `on_x0(done, steps, x0_video)` (e.g. a live preview) and then `on_step(done, steps)`. Returns the sampled latents
-    in the inputs' dtype/device.
+    'euler' or 'euler_ancestral' (see `resolve_sampler`); `noise_layout` one of `NOISE_LAYOUTS`; `held`: the stage's
+    resolved guides (on the latents' device; `denoise_fn` built for them). After each step,
+    `on_x0(done, steps, x0_video)` (e.g. a live preview; guide frames cropped) and then `on_step(done, steps)`.
+    Returns the sampled latents in the inputs' dtype/device, shaped as they came in.
     """
     sigmas = check_sigmas(sigmas)
     if sampler not in ("euler", "euler_ancestral"):
         raise LTX25Error("sampler", "the resolved sampler", repr(sampler), "'euler' or 'euler_ancestral'")
     check_noise_layout(noise_layout)
     with torch.inference_mode():
-        noise_video, noise_audio = initial_noise(video, audio, seed, stage, noise_layout)
-        video = torch.lerp(video, noise_video, sigmas[0])
-        audio = torch.lerp(audio, noise_audio, sigmas[0])
+        video, audio = start_latents(video, audio, sigmas[0], seed, stage, noise_layout, held)
         ancestral = torch.Generator().manual_seed((seed + ANCESTRAL_SEED_OFFSET) % 2**64)
         steps = len(sigmas) - 1
         for i, (sigma, sigma_next) in enumerate(zip(sigmas, sigmas[1:])):
             x0_video, x0_audio = denoise_fn(video, audio, sigma)
+            if held is not None:
+                x0_video, x0_audio = held.hold(x0_video, x0_audio)
             if sampler == "euler":
                 video = euler_step(video, x0_video, sigma, sigma_next)
                 audio = euler_step(audio, x0_audio, sigma, sigma_next)
@@ -198,11 +217,13 @@ def sample_stage(denoise_fn: DenoiseFn, video: torch.Tensor, audio: torch.Tensor
                                                               _randn(audio.shape, ancestral, audio, noise_layout))
                 video = ancestral_step(video, x0_video, sigma, sigma_next, drawn[0])
                 audio = ancestral_step(audio, x0_audio, sigma, sigma_next, drawn[1])
+                if held is not None and sigma_next != 0:  # the fresh noise is taken out of held tokens again
+                    video, audio = held.hold(video, audio)
             if on_x0 is not None:
-                on_x0(i + 1, steps, x0_video)
+                on_x0(i + 1, steps, x0_video if held is None else held.crop(x0_video))
             if on_step is not None:
                 on_step(i + 1, steps)
-    return video, audio
+    return (video, audio) if held is None else (held.crop(video), audio)
 
 
 REAL_WIDTHS = (4096, 2048)  # LTX-2.5 video / audio stream widths (32×128, 32×64)
@@ -217,39 +238,60 @@ def stream_widths(model: torch.nn.Module) -> tuple[int, int]:
     return REAL_WIDTHS
 
 
+PER_TOKEN_ADALN = 14  # values per token and width of a per-token AdaLN: 9 block rows, 4 AV rows, the embedding
+
+
 def working_memory(model: torch.nn.Module, video_shape: Sequence[int], audio_shape: Sequence[int],
-                   context_tokens: int = 1024) -> int:
+                   context_tokens: int = 1024, per_token: bool = False) -> int:
     """Bytes one DiT forward on `[B, 128, F', H', W']` + `[B, 8, T, 16]` needs beyond the weights: tokens × width ×
     ~16 live values (q/k/v, attention out, the 4× FF hidden, residuals) for both streams and their 1024-token text
-    contexts, at the weights' element size."""
+    contexts, at the weights' element size; `per_token` (a guided stage, the F' counting its appended guide frames)
+    adds the AdaLN modulation each token then carries."""
     (video_width, audio_width), itemsize = stream_widths(model), next(model.parameters()).element_size()
     b, _, f, h, w = video_shape
-    return b * ((f * h * w + context_tokens) * video_width + (audio_shape[2] + context_tokens) * audio_width) \
-        * 16 * itemsize
+    tokens = (f * h * w, audio_shape[2])
+    adaln = (tokens[0] * video_width + tokens[1] * audio_width) * PER_TOKEN_ADALN if per_token else 0
+    return b * (((tokens[0] + context_tokens) * video_width + (tokens[1] + context_tokens) * audio_width) * 16
+                + adaln) * itemsize
+
+
+def guided_stage(guides: Guides | GuidedStage | None, video: torch.Tensor, audio: torch.Tensor, fps: float,
+                 device: torch.device, where: str = "guides") -> GuidedStage | None:
+    """`guides` resolved for these latents (guides.resolve; a GuidedStage passes through) and moved to `device`."""
+    held = guides if isinstance(guides, GuidedStage) else resolve(guides, video, audio, fps, where)
+    if held is not None and held.frames != video.shape[2]:
+        raise LTX25Error(where, "the guided stage's latent frames", held.frames, f"{video.shape[2]} (the latent's)",
+                         "The guides were resolved for another latent.")
+    return None if held is None else held.to(device)
 
 
 def sample_distilled(model: torch.nn.Module, conditioning, video: torch.Tensor, audio: torch.Tensor, *, fps: float,
                      seed: int, stage: int, sampler: str = "auto", sigmas: Sequence[float] | None = None,
                      on_step: OnStep | None = None, output_device: torch.device | None = None,
                      acceleration: str = "auto", denoise: Callable | None = None, noise_layout: str = "comfy",
-                     on_x0: OnX0 | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     on_x0: OnX0 | None = None,
+                     guides: Guides | GuidedStage | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One distilled stage with the LTX-2.5 transformer: `model` (carries `.model_version`), `conditioning`
     (`Conditioning`), video `[B,128,F',H',W']` + audio `[B,8,T,16]` at `fps` → sampled latents on `output_device`
-    (default: where they came from). The denoiser comes from `accelerated_denoise.make_denoiser(…, acceleration)`;
-    `denoise(model, video, audio, sigma, cond, fps)` replaces it (tests). `noise_layout` and `on_x0`: see
-    `sample_stage`."""
+    (default: where they came from), of the input shapes. `guides` (guides.Guides, or one already resolved for these
+    latents): what the stage is conditioned on, at this stage's size. The denoiser comes from
+    `accelerated_denoise.make_denoiser(…, acceleration)`; `denoise(model, video, audio, sigma, cond, fps[, guided=])`
+    replaces it (tests). `noise_layout` and `on_x0`: see `sample_stage`."""
     if stage not in (1, 2):
         raise LTX25Error("stage", "the stage", stage, "1 or 2")
     out_device = output_device or video.device
     device = next(model.parameters()).device
     video, audio = video.to(device), audio.to(device)
+    held = guided_stage(guides, video, audio, fps, device)
     if denoise is None:
-        denoise_fn = make_denoiser(model, conditioning, fps, acceleration)
+        denoise_fn = make_denoiser(model, conditioning, fps, acceleration, held)
     else:
+        extra = {} if held is None else {"guided": held}
+
         def denoise_fn(v: torch.Tensor, a: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
-            return denoise(model, v, a, sigma, conditioning, fps)
+            return denoise(model, v, a, sigma, conditioning, fps, **extra)
 
     chosen = resolve_sampler(sampler, stage, model.model_version)
     video, audio = sample_stage(denoise_fn, video, audio, sigmas or default_sigmas(stage), chosen, seed, stage,
-                                on_step, noise_layout, on_x0)
+                                on_step, noise_layout, on_x0, held)
     return video.to(out_device), audio.to(out_device)

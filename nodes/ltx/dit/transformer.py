@@ -9,7 +9,8 @@ diffusers vs the reference (ltx-core), checked line by line for what the distill
   ltx-core. We build the bounds ourselves (positions.py, cached per shape) and pass `video_coords/audio_coords`.
 - AV cross-attention AdaLN: ltx-core feeds scale/shift the stream's OWN per-token timesteps and the gate the OTHER
   stream's σ × `av_ca_timestep_scale_multiplier`; diffusers uses one of the two for both (`use_cross_timestep`).
-  With one σ for both streams and a full denoise mask (text-to-video, both stages) the two coincide.
+  We call it with `use_cross_timestep=True` (the gate) and swap the scale/shift input for the stream's own timesteps
+  (compat.av_scale_shift_from_own_timesteps): the two differ once tokens are conditioned (guides.py).
 - RoPE: diffusers applies cos/sin in float32; ltx-core casts them to the stream dtype (bf16) first. Same math,
   diffusers is the more precise of the two.
 - keyframe marker: diffusers adds `keyframes_abs_pos_embedding` only when given `video_keyframes_mask`; the
@@ -19,11 +20,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping
 
 import torch
 from diffusers import LTX2VideoTransformer3DModel
 
+from .. import compat
 from ..files.assets import Kind, expect_kind, read_state_dict
 from ..files.config import REQUIRED, config_field
 from ..conditioning import Conditioning
@@ -32,6 +34,7 @@ from ..errors import LTX25Error
 from ..files.keymap import KeyMap, Rename, load_strict
 from ..kernels.quantized_linear import load_keeping_quantized
 from ..release import MODEL_VERSION
+from .guides import Grid, GuidedStage, Timesteps, uniform_timesteps
 from .positions import (AUDIO_LATENT_DOWNSAMPLE, AUDIO_SAMPLE_RATE, MEL_HOP_LENGTH, VIDEO_SCALE,
                         audio_position_bounds, first_frame_keyframes_mask, patchify_audio, patchify_video,
                         unpatchify_audio, unpatchify_video, video_position_bounds)
@@ -189,13 +192,6 @@ KEY_MAP = KeyMap("LTX-2.5 transformer (DiT + connectors)", renames=CONNECTOR_REN
 ))
 
 
-class Grid(NamedTuple):
-    """Per-shape DiT inputs that do not change between steps."""
-    video_coords: torch.Tensor  # [B, 3, N, 2]
-    audio_coords: torch.Tensor  # [B, 1, T, 2]
-    keyframes: torch.Tensor     # [B, N, 1]
-
-
 class LTX25Transformer(torch.nn.Module):
     """`.dit` (LTX2VideoTransformer3DModel), `.connectors` (LTX25Connectors), `.config`, `.model_version`."""
 
@@ -286,42 +282,61 @@ def check_denoise_inputs(config: TransformerConfig, video: torch.Tensor, audio: 
                              "one per latent of the batch (prompts separated by --- lines, batch on Empty Latent).")
 
 
-def velocity(model: LTX25Transformer, video_tokens: torch.Tensor, audio_tokens: torch.Tensor, sigma: torch.Tensor,
+def velocity(model: LTX25Transformer, video_tokens: torch.Tensor, audio_tokens: torch.Tensor, steps: Timesteps,
              context: tuple[torch.Tensor, torch.Tensor], grid: Grid) -> tuple[torch.Tensor, torch.Tensor]:
-    """One DiT forward on tokens: video `[B, N, 128]`, audio `[B, T, 128]` (weights' dtype), sigma `[B]` float32
-    → velocities of the same shapes. Pure tensor work (no host syncs), so it can be captured in a CUDA graph."""
-    # Per-token timesteps are σ·denoise_mask = σ for every token here; one row per sample, broadcast by diffusers,
-    # is the same numbers at 1/N of the AdaLN cost.
-    t = (sigma * model.config.timestep_scale_multiplier)[:, None]
-    return model.dit(hidden_states=video_tokens, audio_hidden_states=audio_tokens, encoder_hidden_states=context[0],
-                     audio_encoder_hidden_states=context[1], timestep=t, audio_timestep=t, sigma=t[:, 0],
-                     audio_sigma=t[:, 0], video_coords=grid.video_coords, audio_coords=grid.audio_coords,
-                     video_keyframes_mask=grid.keyframes, use_cross_timestep=True, return_dict=False)
+    """One DiT forward on tokens: video `[B, N, 128]`, audio `[B, T, 128]` (weights' dtype), timesteps `steps` (σ
+    units, float32; `guides.uniform_timesteps` for text-to-video) → velocities of the same shapes. Pure tensor work
+    (no host syncs), so it can be captured in a CUDA graph with `steps` and `grid` as its inputs."""
+    scale = model.config.timestep_scale_multiplier
+    # Per-token timesteps are σ·denoise_mask; a stream whose tokens share one σ passes it once per sample, which
+    # diffusers broadcasts: the same numbers at 1/N of the AdaLN cost.
+    t_video, t_audio = steps.video * scale, steps.audio * scale
+    with compat.av_scale_shift_from_own_timesteps(model.dit, t_video, t_audio):
+        return model.dit(hidden_states=video_tokens, audio_hidden_states=audio_tokens,
+                         encoder_hidden_states=context[0], audio_encoder_hidden_states=context[1], timestep=t_video,
+                         audio_timestep=t_audio, sigma=steps.video_sigma * scale, audio_sigma=steps.audio_sigma * scale,
+                         video_coords=grid.video_coords, audio_coords=grid.audio_coords,
+                         video_keyframes_mask=grid.keyframes, use_cross_timestep=True, return_dict=False)
+
+
+def forward_inputs(model: LTX25Transformer, video: torch.Tensor, audio: torch.Tensor, sigma: float, fps: float,
+                   guided: GuidedStage | None, device: torch.device) -> tuple[Timesteps, Grid]:
+    """The timesteps and positions of one forward on `[B, 128, F, H', W']` / `[B, 8, T, 16]` latents at `sigma`:
+    uniform and the cached grid without guides, the guided stage's per-token ones with."""
+    b, _, f, h, w = video.shape
+    if guided is None:
+        sigma_t = torch.full((b,), float(sigma), dtype=torch.float32, device=device)
+        return uniform_timesteps(sigma_t), model.grid(b, f, h, w, audio.shape[2], fps, device)
+    guided.check_latents(video, audio)
+    return guided.timesteps(sigma), guided.grid
 
 
 def denoise(model: LTX25Transformer, video: torch.Tensor, audio: torch.Tensor, sigma: float, cond: Conditioning,
-            fps: float) -> tuple[torch.Tensor, torch.Tensor]:
+            fps: float, guided: GuidedStage | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x0 predictions for noisy latents at `sigma`: video `[B, 128, F', H', W']`, audio `[B, 8, T, 16]` (normalized
-    latents, any float dtype) → (x0 video, x0 audio), same layouts, float32, on the inputs' devices.
+    latents, any float dtype) → (x0 video, x0 audio), same layouts, float32, on the inputs' devices. With `guided`
+    (guides.GuidedStage, on the DiT's device) the video carries its appended guide frames and every token gets its
+    own timestep σ·mask.
 
-    `x0 = latent − v·σ` in float32 (the reference X0Model). The text context gets no mask (docs/MODEL.md §4.1 step 5).
+    `x0 = latent − v·t` per token in float32 (the reference X0Model). The text context gets no mask (docs/MODEL.md
+    §4.1 step 5). The blend that keeps conditioned tokens (`GuidedStage.hold`) is the sampler's, after guidance.
     """
     check_denoise_inputs(model.config, video, audio, cond)
     with torch.inference_mode():
         weight = model.dit.proj_in.weight
         device, dtype = weight.device, weight.dtype
-        b, _, f, h, w = video.shape
-        grid = model.grid(b, f, h, w, audio.shape[2], fps, device)
-        sigma_t = torch.full((b,), float(sigma), dtype=torch.float32, device=device)
+        steps, grid = forward_inputs(model, video, audio, sigma, fps, guided, device)
         v, a = velocity(model, patchify_video(video).to(device, dtype), patchify_audio(audio).to(device, dtype),
-                        sigma_t, model.context(cond, device, dtype, b), grid)
-        return x0_from_velocity(video, audio, v, a, sigma, device)
+                        steps, model.context(cond, device, dtype, video.shape[0]), grid)
+        return x0_from_velocity(video, audio, v, a, sigma, device, guided)
 
 
 def x0_from_velocity(video: torch.Tensor, audio: torch.Tensor, v: torch.Tensor, a: torch.Tensor, sigma: float,
-                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference X0Model: `x0 = latent − v·σ` in float32, from velocity tokens `v` [B, T, 128] and `a`, back in
-    the latent layouts on the inputs' devices. Shared by the eager and the CUDA-graph denoisers (bit-identical)."""
-    x0_video = video.to(device, torch.float32) - unpatchify_video(v, video.shape).float() * float(sigma)
-    x0_audio = audio.to(device, torch.float32) - unpatchify_audio(a, audio.shape).float() * float(sigma)
+                     device: torch.device, guided: GuidedStage | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference X0Model: `x0 = latent − v·t` in float32 with t = σ (or σ·mask per token with `guided`), from
+    velocity tokens `v` [B, T, 128] and `a`, back in the latent layouts on the inputs' devices. Shared by the eager
+    and the CUDA-graph denoisers (bit-identical)."""
+    t_video, t_audio = (float(sigma), float(sigma)) if guided is None else guided.token_sigmas(sigma)
+    x0_video = video.to(device, torch.float32) - unpatchify_video(v, video.shape).float() * t_video
+    x0_audio = audio.to(device, torch.float32) - unpatchify_audio(a, audio.shape).float() * t_audio
     return x0_video.to(video.device), x0_audio.to(audio.device)
