@@ -3,7 +3,8 @@ reference's video and audio guiders) and the guided sampler (dev schedule; Euler
 from __future__ import annotations
 
 from . import bridge
-from .sampling import DEFAULT_FRAME_RATE, LATENT_PAIR_TOOLTIPS, STAGE_INPUTS, check_working_memory
+from .sampling import (DEFAULT_FRAME_RATE, GUIDES_INPUT, LATENT_PAIR_TOOLTIPS, STAGE_INPUTS, check_stage_latents,
+                       check_working_memory)
 from ..ltx import latents
 from ..ltx.dit import dev_sampling, guidance as ltx_guidance, sampling
 from ..ltx.errors import LTX25Error
@@ -101,28 +102,31 @@ class LTX25GuidedSampler:
                                   "≤ 1, ending at 0); replaces steps and schedule_shift."}),
             "frame_rate": ("FLOAT", {"default": DEFAULT_FRAME_RATE, "min": 1.0, "max": 120.0, "step": 0.01,
                                      "tooltip": "Only for latents that carry no frame rate: the fps of the clip."}),
+            "guides": GUIDES_INPUT,
         }}
 
     def sample(self, model, guider, video_latent, audio_latent, seed, steps, sampler, schedule_shift, stage,
-               pass_batching, acceleration, sigmas="", frame_rate=DEFAULT_FRAME_RATE):
+               pass_batching, acceleration, sigmas="", frame_rate=DEFAULT_FRAME_RATE, guides=None):
         where = "LTX25GuidedSampler"
         fps = latents.frame_rate(video_latent, f"{where}.video_latent", default=frame_rate)
         video = latents.unbind_av(video_latent["samples"], latents.VIDEO_STREAM, f"{where}.video_latent")
         audio = latents.unbind_av(audio_latent["samples"], latents.AUDIO_STREAM, f"{where}.audio_latent")
-        latents.check_latent_pair(video, audio, fps, where)
+        held, dit_shape = check_stage_latents(video, audio, fps, guides, where)
         _check_prompts(guider, video.shape[0], f"{where}.guider")
         tokens = dev_sampling.latent_tokens(video.shape) if schedule_shift == SHIFTS[1] else dev_sampling.MAX_TOKENS
         schedule = sampling.parse_sigmas(sigmas or "", f"{where}.sigmas") or (
             dev_sampling.dev_sigmas(steps, tokens) if stage == "1" else sampling.STAGE2_SIGMAS)
         rows = len(guider.passes()) if pass_batching == "batched" else 1
-        memory = sampling.working_memory(model.module, (rows * video.shape[0], *video.shape[1:]), audio.shape)
+        memory = sampling.working_memory(model.module, (rows * video.shape[0], *dit_shape[1:]), audio.shape,
+                                         per_token=held is not None)
         check_working_memory(where, memory)
         module = model.ready(memory)
         try:
             video, audio = dev_sampling.sample_guided(
                 module, guider, video, audio, fps=fps, seed=seed, sigmas=schedule, sampler=sampler, stage=int(stage),
                 on_step=bridge.step_callback(dev_sampling.progress_total(schedule, sampler), f"LTX-2.5 {sampler}"),
-                output_device=bridge.intermediate_device(), acceleration=acceleration, batching=pass_batching)
+                output_device=bridge.intermediate_device(), acceleration=acceleration, batching=pass_batching,
+                guides=held)
         finally:
             bridge.empty_cache()
         return ({**video_latent, "samples": video, "frame_rate": fps},

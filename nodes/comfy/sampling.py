@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import bridge
 from ..ltx import latents
-from ..ltx.dit import sampling
+from ..ltx.dit import guides as ltx_guides, sampling
 from ..ltx import upsampler as ltx_upsampler
 from ..ltx.dit.accelerated_denoise import ACCELERATIONS
 from ..ltx.errors import LTX25Error
@@ -42,6 +42,21 @@ def _check_prompt_count(conditioning, batch: int) -> None:
         raise LTX25Error("LTX25DistilledSampler.conditioning", "the number of prompts", prompts.shape[0],
                          f"1 or {batch} (the latent batch)", "Separate prompts with --- lines in Encode Prompt, one "
                          "per clip, or set the batch on Empty Latent to the number of prompts.")
+
+
+GUIDES_INPUT = ("LTX25_GUIDES", {"tooltip": "Optional: images, keyframes, audio or the end of a clip to condition on "
+                                 "(from an LTX-2.5 conditioning node), made at this stage's size. Conditioned frames "
+                                 "and audio are held as the reference holds them; appended guide frames are cropped "
+                                 "from the output."})
+
+
+def check_stage_latents(video, audio, fps: float, guides, where: str):
+    """The stage's latents against each other and against `guides` (LTX25_GUIDES or None), checked before the model
+    loads → (the resolved guides or None, the video shape the DiT sees: with the appended guide frames)."""
+    offsets = (guides.video_offset, guides.audio_offset) if isinstance(guides, ltx_guides.Guides) else (0, 0)
+    latents.check_latent_pair(video, audio, fps, where, offsets)
+    held = ltx_guides.resolve(guides, video, audio, fps, f"{where}.guides")
+    return held, (video.shape if held is None else held.video_clean.shape)
 
 
 # The latents and seed both samplers (distilled and guided) take, in this order.
@@ -117,21 +132,22 @@ class LTX25DistilledSampler:
                                      "tooltip": "Only for latents that carry no frame rate (core ComfyUI's Empty LTXV "
                                      "latents): the fps of the clip. LTX-2.5 Empty Latent's fps always wins."}),
             "noise_layout": (list(sampling.NOISE_LAYOUTS), {"default": "comfy", "tooltip": NOISE_LAYOUT_TOOLTIP}),
+            "guides": GUIDES_INPUT,
         }}
 
     # cfg is no widget (distilled models take no guidance); a script or an older API prompt may still pass 1.0.
     def sample(self, model, conditioning, video_latent, audio_latent, seed, stage, sampler, cfg=1.0, sigmas="",
-               acceleration="auto", frame_rate=DEFAULT_FRAME_RATE, noise_layout="comfy"):
+               acceleration="auto", frame_rate=DEFAULT_FRAME_RATE, noise_layout="comfy", guides=None):
         sampling.check_cfg(cfg, model.info.name, "LTX25DistilledSampler.cfg")
         sampling.check_noise_layout(noise_layout, "LTX25DistilledSampler.noise_layout")
         fps = latents.frame_rate(video_latent, "LTX25DistilledSampler.video_latent", default=frame_rate)
         video = latents.unbind_av(video_latent["samples"], latents.VIDEO_STREAM, "LTX25DistilledSampler.video_latent")
         audio = latents.unbind_av(audio_latent["samples"], latents.AUDIO_STREAM, "LTX25DistilledSampler.audio_latent")
-        latents.check_latent_pair(video, audio, fps, "LTX25DistilledSampler")
+        held, dit_shape = check_stage_latents(video, audio, fps, guides, "LTX25DistilledSampler")
         _check_prompt_count(conditioning, video.shape[0])
         schedule = sampling.parse_sigmas(sigmas or "", "LTX25DistilledSampler.sigmas") or \
             sampling.default_sigmas(int(stage))
-        memory = sampling.working_memory(model.module, video.shape, audio.shape)
+        memory = sampling.working_memory(model.module, dit_shape, audio.shape, per_token=held is not None)
         check_working_memory("LTX25DistilledSampler", memory)
         module = model.ready(memory)
         try:
@@ -139,7 +155,8 @@ class LTX25DistilledSampler:
                 module, conditioning, video, audio, fps=fps, seed=seed, stage=int(stage), sampler=sampler,
                 sigmas=schedule,
                 on_x0=bridge.step_callback(len(schedule) - 1, f"LTX-2.5 stage {stage}", preview_latent=True),
-                output_device=bridge.intermediate_device(), acceleration=acceleration, noise_layout=noise_layout)
+                output_device=bridge.intermediate_device(), acceleration=acceleration, noise_layout=noise_layout,
+                guides=held)
         finally:
             bridge.empty_cache()  # the step activations; also on interrupt, so nothing is left half-used
         return ({**video_latent, "samples": video, "frame_rate": fps},
