@@ -74,7 +74,7 @@ class StageGrid(NamedTuple):
 GuideLatent = Union[torch.Tensor, Callable[[StageGrid], torch.Tensor]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
 class VideoGuide:
     """A normalized video latent `[1 or B, 128, f, H', W']` placed at pixel `frame` (negative: from the end, −1 is
     the last frame) with `strength` (1 held exactly, 0 free); `mode` one of `VIDEO_MODES`."""
@@ -84,7 +84,7 @@ class VideoGuide:
     mode: str = "auto"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AudioGuide:
     """A normalized audio latent `[1 or B, 8, t, 16]` held from audio latent index `start` with `strength`."""
     latent: GuideLatent
@@ -92,7 +92,7 @@ class AudioGuide:
     strength: float = 1.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Guides:
     """LTX25_GUIDES: what a stage is conditioned on. `video_offset`/`audio_offset`: the stage's latents are a window
     of a longer clip starting at these latent indices (extend.py); positions and frame indices are that clip's."""
@@ -170,7 +170,7 @@ def uniform_timesteps(sigma: torch.Tensor) -> Timesteps:
     return Timesteps(sigma[:, None], sigma[:, None], sigma, sigma)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class GuidedStage:
     """One stage's conditioning, resolved for its latents (`resolve`). Video tensors cover the clip's F frames then
     the appended guides' K: clean `[B, 128, F+K, H', W']` and mask `[B, 1, F+K, H', W']` float32; audio clean
@@ -184,7 +184,7 @@ class GuidedStage:
     video_frozen: bool     # every video token held (mask 0)
     audio_frozen: bool     # every audio token held: audio-to-video
     offsets: tuple[int, int] = (0, 0)
-    _tokens: dict = field(default_factory=dict, compare=False, repr=False)
+    _tokens: dict = field(default_factory=dict, repr=False)
 
     @property
     def appended(self) -> int:
