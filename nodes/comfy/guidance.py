@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import bridge
 from .sampling import (DEFAULT_FRAME_RATE, GUIDES_INPUT, LATENT_PAIR_TOOLTIPS, STAGE_INPUTS, check_stage_latents,
-                       check_working_memory)
+                       check_working_memory, per_token)
 from ..ltx import latents
 from ..ltx.dit import dev_sampling, guidance as ltx_guidance, sampling
 from ..ltx.errors import LTX25Error
@@ -118,7 +118,7 @@ class LTX25GuidedSampler:
             dev_sampling.dev_sigmas(steps, tokens) if stage == "1" else sampling.STAGE2_SIGMAS)
         rows = len(guider.passes()) if pass_batching == "batched" else 1
         memory = sampling.working_memory(model.module, (rows * video.shape[0], *dit_shape[1:]), audio.shape,
-                                         per_token=held is not None)
+                                         **per_token(held))
         check_working_memory(where, memory)
         module = model.ready(memory)
         try:

@@ -59,6 +59,11 @@ def check_stage_latents(video, audio, fps: float, guides, where: str):
     return held, (video.shape if held is None else held.video_clean.shape)
 
 
+def per_token(held) -> dict:
+    """`sampling.working_memory`'s extra argument for a guided stage (none without guides)."""
+    return {} if held is None else {"per_token": True}
+
+
 # The latents and seed both samplers (distilled and guided) take, in this order.
 STAGE_INPUTS = {
     "video_latent": ("LATENT", {"tooltip": "Stage 1: from Empty Latent. Stage 2: from Latent Upsample."}),
@@ -147,7 +152,7 @@ class LTX25DistilledSampler:
         _check_prompt_count(conditioning, video.shape[0])
         schedule = sampling.parse_sigmas(sigmas or "", "LTX25DistilledSampler.sigmas") or \
             sampling.default_sigmas(int(stage))
-        memory = sampling.working_memory(model.module, dit_shape, audio.shape, per_token=held is not None)
+        memory = sampling.working_memory(model.module, dit_shape, audio.shape, **per_token(held))
         check_working_memory("LTX25DistilledSampler", memory)
         module = model.ready(memory)
         try:
