@@ -139,7 +139,8 @@ class LTX25DistilledSampler:
                 module, conditioning, video, audio, fps=fps, seed=seed, stage=int(stage), sampler=sampler,
                 sigmas=schedule,
                 on_x0=bridge.step_callback(len(schedule) - 1, f"LTX-2.5 stage {stage}", preview_latent=True),
-                output_device=bridge.intermediate_device(), acceleration=acceleration, noise_layout=noise_layout)
+                output_device=bridge.intermediate_device(), acceleration=acceleration, noise_layout=noise_layout,
+                notify=bridge.show_on_node)
         finally:
             bridge.empty_cache()  # the step activations; also on interrupt, so nothing is left half-used
         return ({**video_latent, "samples": video, "frame_rate": fps},

@@ -232,19 +232,20 @@ def sample_distilled(model: torch.nn.Module, conditioning, video: torch.Tensor, 
                      seed: int, stage: int, sampler: str = "auto", sigmas: Sequence[float] | None = None,
                      on_step: OnStep | None = None, output_device: torch.device | None = None,
                      acceleration: str = "auto", denoise: Callable | None = None, noise_layout: str = "comfy",
-                     on_x0: OnX0 | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     on_x0: OnX0 | None = None, notify: Callable[[str], None] | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """One distilled stage with the LTX-2.5 transformer: `model` (carries `.model_version`), `conditioning`
     (`Conditioning`), video `[B,128,F',H',W']` + audio `[B,8,T,16]` at `fps` → sampled latents on `output_device`
-    (default: where they came from). The denoiser comes from `accelerated_denoise.make_denoiser(…, acceleration)`;
-    `denoise(model, video, audio, sigma, cond, fps)` replaces it (tests). `noise_layout` and `on_x0`: see
-    `sample_stage`."""
+    (default: where they came from). The denoiser comes from `accelerated_denoise.make_denoiser(…, acceleration,
+    notify)` (`notify` hears when a step compiles or captures); `denoise(model, video, audio, sigma, cond, fps)`
+    replaces it (tests). `noise_layout` and `on_x0`: see `sample_stage`."""
     if stage not in (1, 2):
         raise LTX25Error("stage", "the stage", stage, "1 or 2")
     out_device = output_device or video.device
     device = next(model.parameters()).device
     video, audio = video.to(device), audio.to(device)
     if denoise is None:
-        denoise_fn = make_denoiser(model, conditioning, fps, acceleration)
+        denoise_fn = make_denoiser(model, conditioning, fps, acceleration, notify)
     else:
         def denoise_fn(v: torch.Tensor, a: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
             return denoise(model, v, a, sigma, conditioning, fps)
