@@ -19,8 +19,9 @@ ACCELERATION_TOOLTIP = (
     "How each step's transformer forward runs. auto: cuda_graph on a CUDA GPU, eager elsewhere. eager: kernel by "
     "kernel. cuda_graph: the same kernels replayed from one CUDA graph per latent shape (captured on first use), "
     "bit-identical to eager. compile_cuda_graph: the repeated blocks compiled with torch.compile, cuDNN attention, "
-    "then graphed; the fastest, but it compiles on the first use of each shape and differs from eager by bf16 "
-    "rounding. Graph modes need CUDA. Speeds: docs/PERFORMANCE.md.")
+    "then graphed; the fastest, but its first use in a process compiles (the compiled code is kept on disk for "
+    "later starts; a new shape then only captures its graph) and it differs from eager by bf16 rounding. Graph modes "
+    "need CUDA. Speeds: docs/PERFORMANCE.md.")
 NOISE_LAYOUT_TOOLTIP = (
     "How the seed's random numbers are laid out on the latents. comfy: in the latent's own shape, as ComfyUI core's "
     "samplers do (the same seed gives core's noise). reference: on the transformer's tokens, as Lightricks' "
