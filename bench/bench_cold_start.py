@@ -10,9 +10,9 @@ Scenarios, each a child process of this script (`--child NAME`), in this order:
   folders removed from the environment): the truly cold first run, then two warm runs, then a never-seen shape
   (first run, then warm);
 - `restart`: the same folder in a new process, the same runs: the first run with the caches on disk;
+- `audio_benchmark`: the audio decode with cuDNN's benchmarking left on inside the vocoder (the decode before #24);
 - `static_cold`, `static_restart`: the DiT only, with the compile options before #24 (Dynamo's default: the first
-  shape compiles static, the second compiles again with dynamic sizes), in a second folder of their own;
-- `audio_benchmark`: the audio decode with cuDNN's benchmarking left on inside the vocoder (the decode before #24).
+  shape compiles static, the second compiles again with dynamic sizes), in a second folder of their own.
 Parts: `dit` (the 8 + 3 step distilled sampling with `compile_cuda_graph`, one denoiser per stage as the sampler
 node makes them: stage 1 at 384×256×121, stage 2 at 768×512×121; the new shape is 1024×576×97, stage 1 at half
 size), `diffusion` (the untiled diffusion decode, auto processor: the Triton kernels), `conv` (the conv decode),
@@ -42,12 +42,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 GIB = 2**30
 FPS = 24.0
-SCENARIOS = {  # name: (compile variant, parts); the variant names the cache folder too
+SCENARIOS = {  # name: (compile variant, parts), run in this order; the variant names the cache folder too
     "cold": ("dynamic", "dit,diffusion,conv,audio"),
     "restart": ("dynamic", "dit,diffusion,conv,audio"),
+    "audio_benchmark": ("dynamic", "audio"),
     "static_cold": ("static", "dit"),
     "static_restart": ("static", "dit"),
-    "audio_benchmark": ("dynamic", "audio"),
 }
 # (stage 1 video, stage 2 video, audio) latent shapes; "new" is never seen before it runs
 DIT_SHAPES = {"main": ((1, 128, 16, 8, 12), (1, 128, 16, 16, 24), (1, 8, 126, 16)),   # 768×512×121

@@ -132,18 +132,18 @@ def fp8_compute_(root: nn.Module) -> int:
     their own amax, `torch._scaled_mm`); elsewhere the weight is dequantized for a plain GEMM. Attention itself
     (softmax(q·kᵀ)·v) is no Linear and stays in the activation dtype. Halves the Linears' memory. → the number of
     layers replaced."""
-    replaced = 0
-    for name, linear in list(root.named_modules()):
-        if not name or type(linear) is not nn.Linear or linear.in_features % 16 or linear.out_features % 16:
-            continue
+    names = [name for name, m in root.named_modules() if name and type(m) is nn.Linear
+             and m.in_features % 16 == 0 and m.out_features % 16 == 0]
+    for name in names:  # by name, holding one layer at a time: each float weight is freed once replaced
+        linear = root.get_submodule(name)
         stored = quant.quantize_fp8_rows(linear.weight.detach())
         bias = None if linear.bias is None else linear.bias.detach()
         layer = QuantizedLinear(LayerFormat(FP8), linear.in_features, linear.out_features, stored["weight"],
                                 stored["weight_scale"], None, bias).eval()
         parent, _, child = name.rpartition(".")
+        del linear
         setattr(root.get_submodule(parent) if parent else root, child, layer)
-        replaced += 1
-    return replaced
+    return len(names)
 
 
 # ---------------------------------------------------------------------------------------------------- loading
