@@ -10,8 +10,8 @@ For each: the velocity at stage 1 (video [1,128,16,8,12]) and stage 2 ([1,128,16
 at σ = 1.0 and 0.725, eager and `compile_cuda_graph`; the median step time of `compile_cuda_graph` (`--runs`); the
 8 + 3 step distilled sampling (Euler, the same noise for both) in seconds and its final latents. Errors of FP8
 against bf16, velocity and final latents, video and audio apart: `max_rel` = max|Δ| / max|bf16|, `mean_rel` =
-mean|Δ| / mean|bf16|, `rms_rel` = ‖Δ‖ / ‖bf16‖; beside them, the same figures for bf16 compile_cuda_graph against bf16
-eager (the rounding noise of compilation, for scale). Random weights have no outlier channels, so the error with
+mean|Δ| / mean|bf16|, `rms_rel` = ‖Δ‖ / ‖bf16‖; beside them, the same figures for bf16 compile_cuda_graph against
+bf16 eager (the rounding noise of compilation, for scale). Random weights have no outlier channels, so the error with
 the released weights can differ: measure it again on them before relying on these figures. Decoded frames are not
 compared here (that needs the released decoders to mean anything). Writes JSON to --out (rewritten as it goes).
 """
@@ -50,7 +50,7 @@ def errors(got: torch.Tensor, want: torch.Tensor) -> dict:
 
 
 def velocities(denoise, inputs: dict) -> dict:
-    """{(stage, σ): (v video, v audio)} float32, v = (latent − x0) / σ (x0 = latent − v·σ, the denoiser's output)."""
+    """{(stage, σ): (v video, v audio)} float32: v = (latent − x0) / σ, since the denoiser returns x0 = latent − v·σ."""
     out = {}
     with torch.inference_mode():
         for stage, (video, audio) in inputs.items():

@@ -1,10 +1,11 @@
 """Where torch.compile and Triton keep what they compile, so a restart reuses it instead of compiling again.
 
-The first run after a process start used to pay for every compilation again: the DiT's compiled blocks
-(`torch.compile`: Dynamo, AOTAutograd, Inductor and the Triton kernels Inductor writes) and the pack's own Triton
-kernels (the diffusion decoder's). Inductor and Triton already keep on-disk caches, but by default in places that do
-not last or that the user does not know about (`/tmp/torchinductor_<user>`, emptied at reboot; `~/.triton/cache`).
-The pack points both at one folder of its own, before its first compilation in the process:
+What the first run of a process compiles: the DiT's blocks (`torch.compile`: Dynamo's trace, AOTAutograd, Inductor
+and the Triton kernels Inductor writes) and the pack's own Triton kernels (the diffusion decoder's). Dynamo's trace
+is redone in every process; the rest can come from on-disk caches, which Inductor and Triton keep by default in
+places that do not last or that the user does not know about (`/tmp/torchinductor_<user>`, emptied at reboot and by
+temp cleaners; `~/.triton/cache`). The pack points both at one folder of its own, before its first compilation in
+the process:
 
 - `<root>/inductor` as `TORCHINDUCTOR_CACHE_DIR`: Inductor's FX-graph cache (the generated code of each compiled
   graph), the AOTAutograd cache, and the dynamic-shape profiles Dynamo records (its "PGO" profiles), all keyed by
@@ -16,7 +17,8 @@ The pack points both at one folder of its own, before its first compilation in t
 The root: `LTX25_CACHE_DIR` when set (`off` leaves torch's and Triton's own defaults alone); in ComfyUI its user
 directory (`ComfyUI/user/ltx25_cache`, which lasts across restarts, unlike its temp folder, emptied at every start),
 registered by the bridge; headless `$XDG_CACHE_HOME/ltx25` or `~/.cache/ltx25`. A variable the user set themselves
-(`TORCHINDUCTOR_CACHE_DIR`, `TRITON_CACHE_DIR`) is kept. The setting is process-wide (torch reads the variables, not
+(`TORCHINDUCTOR_CACHE_DIR`, `TRITON_CACHE_DIR`) is kept; importing `torch._dynamo` writes Inductor's fallback
+folder into its variable, so that value counts as unset. The setting is process-wide (torch reads the variables, not
 a per-call option), so once made it also holds for anything else in the process that compiles later.
 
 Not used: `torch.compiler.save_cache_artifacts`/`load_cache_artifacts` ("mega-cache"). It bundles these same

@@ -145,7 +145,8 @@ def _compiled_before(model: torch.nn.Module) -> bool:
 
 
 def describe_shape(video_shape: tuple[int, ...]) -> str:
-    """'768×512×121' (pixels wide × high × frames) for a video latent `[B, 128, F', H', W']`, '… ×2 clips' for B > 1."""
+    """'768×512×121' (pixels wide × high × frames) for a video latent `[B, 128, F', H', W']`; ', 2 clips' added for
+    B > 1."""
     frames, height, width = pixel_shape(tuple(video_shape[2:5]))
     return f"{width}×{height}×{frames}" + (f", {video_shape[0]} clips" if video_shape[0] > 1 else "")
 
