@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 os.environ.setdefault("LTX25_QUIET", "1")
+# compiled code and kernels of the tests go to a throwaway folder, not the user's cache (nodes/ltx/compile_cache.py)
+os.environ.setdefault("LTX25_CACHE_DIR", os.path.join(tempfile.gettempdir(), "ltx25_test_compile_cache"))
 if not torch.cuda.is_available():
     # Triton reads this when it is imported (comfy_kitchen imports it): without a GPU its interpreter runs our kernel
     os.environ.setdefault("TRITON_INTERPRET", "1")

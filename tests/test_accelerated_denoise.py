@@ -112,23 +112,46 @@ def test_moved_weights_drop_the_graphs(transformer, recorded):
 
 
 # ---------------------------------------------------------------------------------------------------- compile
-def test_compile_mode_compiles_once_and_eager_stays_eager(transformer_path, monkeypatch):
-    """'compile' runs `compile_repeated_blocks(fullgraph=False)` once per model and gives eager's x0; a later eager
-    denoiser on the same model runs the plain blocks again. Dynamo's `eager` backend stands in for inductor, whose
-    cold C++ build takes ~30 s on 2 cores (inductor measured here by hand: max |Δx0| 2.4e-7 in float32)."""
+def test_compile_mode_compiles_once_for_every_shape_and_eager_stays_eager(transformer_path, monkeypatch, tmp_path):
+    """'compile' runs `compile_repeated_blocks(**COMPILE_OPTIONS)` once per model, after the compile caches point at
+    the pack's folder, and gives eager's x0; a second latent shape (stage 2 after stage 1, or a new resolution) and
+    the first shape again run without a single new graph (Dynamo compiled the blocks with symbolic token counts);
+    a later eager denoiser on the same model runs the plain blocks again. A counting Dynamo backend that runs the
+    traced graph eagerly stands in for Inductor, whose cold C++ build takes ~30 s on 2 cores (Inductor measured
+    here by hand: max |Δx0| 2.4e-7 in float32). Fails with Dynamo's default (static first, recompiled at the
+    second shape) or if the caches are set after the compile starts."""
+    from nodes.ltx import compile_cache
+    monkeypatch.setattr(compile_cache, "_applied", None)
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
+    for name in (compile_cache.INDUCTOR_ENV, compile_cache.TRITON_ENV):
+        monkeypatch.delenv(name, raising=False)
     transformer = T.load_transformer(transformer_path, torch.float32)
     video, audio = latents()
     cond = conditioning()
     want = T.denoise(transformer, video, audio, 0.725, cond, 24.0)
-    calls = []
+    calls, graphs = [], []
+
+    def counting_backend(graph_module, _example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    def compile_blocks(**options):
+        import os
+        calls.append((options, os.environ.get(compile_cache.INDUCTOR_ENV), os.environ.get(compile_cache.TRITON_ENV)))
+        original(**options, backend=counting_backend)
     original = transformer.dit.compile_repeated_blocks
-    monkeypatch.setattr(transformer.dit, "compile_repeated_blocks",
-                        lambda **kw: (calls.append(kw), original(**kw, backend="eager")))
+    monkeypatch.setattr(transformer.dit, "compile_repeated_blocks", compile_blocks)
     blocks = transformer.dit.transformer_blocks
     try:
         got = A.make_denoiser(transformer, cond, 24.0, "compile")(video, audio, 0.725)
+        traced = len(graphs)
         A.make_denoiser(transformer, cond, 24.0, "compile")(video, audio, 0.725)
-        assert calls == [{"fullgraph": False}], f"compiled {len(calls)} times"
+        A.make_denoiser(transformer, cond, 24.0, "compile")(*latents(VIDEO2, 1), 0.725)
+        A.make_denoiser(transformer, cond, 24.0, "compile")(video, audio, 0.5)
+        assert [c[0] for c in calls] == [A.COMPILE_OPTIONS], f"compiled {len(calls)} times"
+        assert calls[0][1:] == (str(tmp_path / "inductor"), str(tmp_path / "triton")), \
+            f"cache folders when the compile started: {calls[0][1:]}"
+        assert traced > 0 and len(graphs) == traced, f"{len(graphs) - traced} graphs compiled again for a new shape"
         assert all(b._compiled_call_impl is not None for b in blocks), "compile mode ran uncompiled blocks"
         assert max_diff(got, want) < 1e-5, f"max diff {max_diff(got, want)}"
         again = A.make_denoiser(transformer, cond, 24.0, "eager")(video, audio, 0.725)

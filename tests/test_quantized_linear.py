@@ -267,3 +267,71 @@ def test_real_shape_layers_build_for_benchmarks():
     assert layer.format == LayerFormat(INT8, 256) and layer(torch.randn(2, 1024).bfloat16()).shape == (2, 64)
     with pytest.raises(LTX25Error, match="kind is 'mxfp8'"):
         QL.random_quantized_linear("mxfp8", 64, 64)
+
+
+# ---------------------------------------------------------------------------------------------------- FP8 compute
+def test_fp8_row_scales_keep_every_row_within_e4m3_rounding():
+    """`quantize_fp8_rows`: one scale per output row, so every weight comes back within E4M3's rounding of itself
+    measured against its OWN row's largest value (half a unit in the last place: 2^-4 of the value, or 2^-10 of the
+    row's amax / 448 in E4M3's subnormal range), also for a row 1000× smaller than the largest. Fails with one scale
+    for the whole tensor (that row would fall into the subnormals and lose its mantissa)."""
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(7))
+    w[5] *= 1e-3
+    w[9] *= 30
+    stored = quant.quantize_fp8_rows(w)
+    back = quant.dequantize_fp8(stored["weight"], stored["weight_scale"], torch.float32)
+    row_unit = w.abs().amax(dim=1, keepdim=True) / quant.E4M3_MAX
+    bound = torch.maximum(w.abs() * 2**-4, row_unit * 2**-10) * (1 + 1e-6)
+    excess = ((back - w).abs() / bound).max().item()
+    assert stored["weight"].dtype == torch.float8_e4m3fn and stored["weight_scale"].shape == (32,)
+    assert excess <= 1.0, f"error {excess:.2f}× the per-row rounding bound"
+
+
+def test_fp8_linear_with_row_scales_is_the_float32_product_of_its_quantized_operands():
+    """The FP8-compute GEMM (`torch._scaled_mm`, which torch also runs on the CPU) is the float32 product of its two
+    E4M3 operands times their scales — activations scaled per token by their own amax / 448, weights per row — up
+    to float32 accumulation and the bf16 output rounding. Fails if a per-row weight scale lands on the wrong axis or
+    the activation scale is dropped."""
+    g = torch.Generator().manual_seed(8)
+    w = torch.randn(48, 64, generator=g) * torch.logspace(-2, 1, 48)[:, None]
+    stored = quant.quantize_fp8_rows(w)
+    x = torch.randn(3, 7, 64, generator=g).bfloat16()
+    x[0, 0] *= 50
+    bias = torch.randn(48, generator=g).bfloat16()
+    got = QL.fp8_linear(x, stored["weight"], stored["weight_scale"], bias, rowwise=True)
+    rows = x.reshape(-1, 64).float()
+    x_scale = rows.abs().amax(dim=1, keepdim=True) / quant.E4M3_MAX
+    xq = (rows / x_scale).to(torch.float8_e4m3fn).float() * x_scale
+    wq = stored["weight"].float() * stored["weight_scale"][:, None]
+    want = (xq @ wq.T + bias.float()).reshape(3, 7, 48)
+    bound = 2 * U_BF16 * want.abs() + 1e-5 * (xq.abs() @ wq.abs().T).reshape(3, 7, 48) + 1e-6
+    excess = ((got.float() - want).abs() / bound).max().item()
+    assert got.dtype == torch.bfloat16 and excess <= 1.0, f"error {excess:.2f}× the rounding bound"
+
+
+def test_fp8_compute_load_turns_only_the_blocks_linears_into_per_row_fp8(tiny_models):
+    """The loader's 'fp8 compute': the bf16 file, then every Linear inside the DiT's blocks whose sizes the FP8 GEMM
+    takes (multiples of 16) is an FP8 QuantizedLinear with one scale per output row; nothing outside the blocks
+    changes, the blocks' memory shrinks, and the denoise stays near the bf16 model's (here the CPU's weight-only
+    path: only the weights' rounding differs). FP8 compute on another dtype is refused."""
+    from nodes.comfy.loaders import FP8_COMPUTE
+    from nodes.ltx.release import OFFICIAL_FILES
+    name = OFFICIAL_FILES["transformer"][1]
+    assert LTX25TransformerLoader.INPUT_TYPES()["required"]["weight_dtype"][0][-1] == FP8_COMPUTE
+    fp8 = LTX25TransformerLoader().load(name, FP8_COMPUTE)[0].module
+    bf16 = LTX25TransformerLoader().load(name, "bf16")[0].module
+    eligible = {n for n, m in bf16.named_modules() if type(m) is torch.nn.Linear and n.startswith(
+        "dit.transformer_blocks.") and m.in_features % 16 == 0 and m.out_features % 16 == 0}
+    swapped = {n: m for n, m in fp8.named_modules() if isinstance(m, QL.QuantizedLinear)}
+    assert set(swapped) == eligible and len(eligible) > 20, sorted(set(swapped) ^ eligible)[:5]
+    assert all(m.weight.dtype == torch.float8_e4m3fn and m.weight_scale.numel() == m.out_features
+               for m in swapped.values())
+    outside = {k: t for k, t in bf16.state_dict().items() if not k.startswith("dit.transformer_blocks.")}
+    assert all(torch.equal(fp8.state_dict()[k], t) for k, t in outside.items())
+    assert module_bytes(fp8) < module_bytes(bf16)
+    video, audio, cond = inputs(2)
+    got, want = T.denoise(fp8, video, audio, 0.7, cond, 24.0), T.denoise(bf16, video, audio, 0.7, cond, 24.0)
+    errors = [relative(g, w) for g, w in zip(got, want)]
+    assert 0 < max(errors) < 2**-4, f"fp8-compute denoise off by {errors} of the output scale"
+    with pytest.raises(LTX25Error, match="FP8 compute"):
+        T.load_transformer(name, torch.float32, fp8_compute=True)  # refused before the file is read

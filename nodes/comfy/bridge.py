@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..ltx import streaming
+from ..ltx import compile_cache, streaming
 from ..ltx.device_memory import free_bytes
 from ..ltx import memory_fit
 from ..ltx.memory_fit import host_available_bytes
@@ -550,3 +550,12 @@ def temp_dir() -> str:
     if HAS_COMFY:
         return _folder_paths.get_temp_directory()
     return os.path.join(output_dir(), "temp")
+
+
+def user_directory() -> str | None:
+    """ComfyUI's user directory, where the pack keeps its compile cache (compile_cache.py): it lasts across
+    restarts, while ComfyUI empties its temp folder at every start. None headless."""
+    return _folder_paths.get_user_directory() if HAS_COMFY else None
+
+
+compile_cache.set_host_root(user_directory)  # asked at the pack's first compilation, after ComfyUI's arguments

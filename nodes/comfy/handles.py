@@ -52,7 +52,8 @@ class Loaded:
                 # A quantized weight plus a delta, cast back to its storage, would be silently wrong.
                 raise LTX25Error(self.info.name, f"the weight {key}", f"stored quantized ({known[key].dtype})",
                                  "a bf16, fp16 or fp32 weight", "LoRAs and weight patches need a float model: load "
-                                 "the transformer with weight_dtype bf16 (not 'as stored') to apply them.")
+                                 "the transformer with weight_dtype bf16 (not 'as stored' or FP8 compute) to apply "
+                                 "them.")
             if tuple(delta.shape) != tuple(known[key].shape):
                 raise LTX25Error(self.info.name, f"the patch for {key}", tuple(delta.shape), tuple(known[key].shape))
         twin = self.clone()

@@ -15,6 +15,7 @@ from ..ltx.files.assets import Kind, expect_kind, inspect_asset
 CATEGORY = "LTX-2.5/loaders"
 AS_STORED = "as stored"  # None to the engine: quantized weights (NVFP4, FP8, int8) stay quantized, the rest bf16
 WEIGHT_DTYPES = {AS_STORED: None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+FP8_COMPUTE = "fp8 compute (opt-in)"  # the transformer only: bf16, then the DiT blocks' Linears in FP8
 
 
 def _file_input(folder: str, tooltip: str, *kinds: Kind) -> tuple:
@@ -75,14 +76,25 @@ class LTX25TransformerLoader:
         return {"required": {
             "transformer_file": _file_input("diffusion_models", "ltx-2.5-22b-distilled-transformer-bf16.safetensors",
                                             Kind.TRANSFORMER),
-            "weight_dtype": _dtype_input(as_stored=True)}}
+            "weight_dtype": _transformer_dtype_input()}}
 
     def load(self, transformer_file: str, weight_dtype: str):
         from ..ltx.dit.accelerated_denoise import release
         from ..ltx.dit.transformer import load_transformer
         info = expect_kind(bridge.model_file_path("diffusion_models", transformer_file), Kind.TRANSFORMER)
+        fp8 = weight_dtype == FP8_COMPUTE
+        module = load_transformer(info.path, torch.bfloat16 if fp8 else WEIGHT_DTYPES[weight_dtype], fp8_compute=fp8)
         # The sampler's CUDA graphs hold a forward's activations: free them whenever the weights are offloaded.
-        return (Loaded.register(load_transformer(info.path, WEIGHT_DTYPES[weight_dtype]), info, on_unload=release),)
+        return (Loaded.register(module, info, on_unload=release),)
+
+
+def _transformer_dtype_input() -> tuple:
+    choices, options = _dtype_input(as_stored=True)
+    return ([*choices, FP8_COMPUTE], {**options, "tooltip": options["tooltip"] + (
+        f" '{FP8_COMPUTE}': the file in bf16, then the 48 blocks' linear layers quantized to FP8 (E4M3, one scale "
+        "per output row; activations scaled per token at run time) for FP8 tensor-core GEMMs on GPUs of compute "
+        "capability 9.0 or newer; attention stays bf16. Faster and half the blocks' memory, at an error against "
+        "bf16 measured in docs/PERFORMANCE.md.")})
 
 
 class LTX25TextEncoderLoader:

@@ -19,8 +19,9 @@ ACCELERATION_TOOLTIP = (
     "How each step's transformer forward runs. auto: cuda_graph on a CUDA GPU, eager elsewhere. eager: kernel by "
     "kernel. cuda_graph: the same kernels replayed from one CUDA graph per latent shape (captured on first use), "
     "bit-identical to eager. compile_cuda_graph: the repeated blocks compiled with torch.compile, cuDNN attention, "
-    "then graphed; the fastest, but it compiles on the first use of each shape and differs from eager by bf16 "
-    "rounding. Graph modes need CUDA. Speeds: docs/PERFORMANCE.md.")
+    "then graphed; the fastest, but its first use in a process compiles (the compiled code is kept on disk for "
+    "later starts; a new shape then only captures its graph) and it differs from eager by bf16 rounding. Graph modes "
+    "need CUDA. Speeds: docs/PERFORMANCE.md.")
 NOISE_LAYOUT_TOOLTIP = (
     "How the seed's random numbers are laid out on the latents. comfy: in the latent's own shape, as ComfyUI core's "
     "samplers do (the same seed gives core's noise). reference: on the transformer's tokens, as Lightricks' "
@@ -161,7 +162,7 @@ class LTX25DistilledSampler:
                 sigmas=schedule,
                 on_x0=bridge.step_callback(len(schedule) - 1, f"LTX-2.5 stage {stage}", preview_latent=True),
                 output_device=bridge.intermediate_device(), acceleration=acceleration, noise_layout=noise_layout,
-                guides=held)
+                guides=held, notify=bridge.show_on_node)
         finally:
             bridge.empty_cache()  # the step activations; also on interrupt, so nothing is left half-used
         return ({**video_latent, "samples": video, "frame_rate": fps},

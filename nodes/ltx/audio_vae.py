@@ -11,9 +11,10 @@ Lengths: a latent of T frames becomes 4T−3 mel frames (the causal decoder trim
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_ltx2_audio import LATENT_DOWNSAMPLE_FACTOR, LTX2AudioDecoder
@@ -196,6 +197,24 @@ def load_audio_vae(path: str, dtype: torch.dtype | None = None) -> AudioVAE:
 
 
 # ------------------------------------------------------------------------------------------------------ decode
+@contextlib.contextmanager
+def cudnn_heuristics() -> Iterator[None]:
+    """cuDNN picks each convolution's algorithm by its heuristics inside, whatever `torch.backends.cudnn.benchmark`
+    says outside (ComfyUI's `--fast autotune` and many scripts turn it on; the A/B graph bench does). At the released
+    widths a 121-frame clip runs 149 distinct convolution shapes through the decoder and vocoder (643 calls: 3 kernel
+    sizes × 3 dilations at each of 6 + 5 upsampling widths, the anti-aliasing filters, the upsamplers), almost all
+    fp32 1-D on long signals. With benchmarking on, each shape's first use times every algorithm cuDNN has for it:
+    the first audio decode of a process took 8.2 s against 0.08 s warm (H200), and a new clip length pays again.
+    `bench/bench_cold_start.py` measures the first decode both ways. The flag is global: another thread's
+    convolutions in this window also go by heuristics, which can only cost them speed."""
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
 def check_audio_latent(samples: object, where: str) -> torch.Tensor:
     """An LTX-2.5 audio latent `[B, 8, T, 16]`, or an error naming `where` (a node input)."""
     shape = list(samples.shape) if isinstance(samples, torch.Tensor) else type(samples).__name__
@@ -235,7 +254,7 @@ def decode_audio(vae: AudioVAE, latent: torch.Tensor, fps: float | None = None, 
     param = next(vae.decoder.parameters())
     blocks = [vae.decoder.mid, *vae.decoder.up, *(stage for vocoder in (vae.vocoder.vocoder, vae.vocoder.bwe_generator)
                                                  for stage in vocoder.upsamplers)]
-    with torch.inference_mode(), checked_before(blocks, check):
+    with torch.inference_mode(), checked_before(blocks, check), cudnn_heuristics():
         shape = (1, LATENT_CHANNELS, 1, LATENT_BINS)     # statistics are (channel, bin)-major: index c·16 + f
         mean = vae.latents_mean.to(param.device, torch.float32).view(shape)
         std = vae.latents_std.to(param.device, torch.float32).view(shape)

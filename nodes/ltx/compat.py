@@ -9,10 +9,11 @@ touch uses: a version without them is an LTX25Error naming the version, the attr
 written against (pyproject.toml), never an AttributeError deep in a decode. That the touches still compute what
 diffusers computes is pinned by tests against diffusers' own forward (tests/test_diffusion_vae.py,
 tests/test_fused_block.py, tests/test_na_attention.py). torch's compiled-forward slot, which the sampler switches
-to run the DiT's blocks compiled or eager, is here too.
+to run the DiT's blocks compiled or eager, and Inductor's fallback cache folder (compile_cache.py) are here too.
 """
 from __future__ import annotations
 
+import os
 import types
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -161,6 +162,17 @@ def av_scale_shift_from_own_timesteps(dit: torch.nn.Module, video: torch.Tensor,
 
 
 # ---------------------------------------------------------------------------------------------------- torch.compile
+def inductor_default_cache_dir() -> str | None:
+    """The folder Inductor falls back to without `TORCHINDUCTOR_CACHE_DIR` (its private `default_cache_dir`), or None
+    where this torch has none. Importing `torch._dynamo` writes that folder into the environment variable, so
+    compile_cache.py compares against it to tell torch's fallback from a folder the user chose."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return None
+    return os.path.abspath(default_cache_dir())
+
+
 def compiled_calls(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Callable]]:
     """The compiled forwards `Module.compile` left on `model`'s submodules: torch keeps each in the private
     `_compiled_call_impl`, which `Module.__call__` prefers when it is set."""

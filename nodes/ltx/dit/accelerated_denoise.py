@@ -7,6 +7,13 @@ The modes (`bench/bench_transformer.py` runs these same denoisers; their speeds 
 - compile_cuda_graph: the repeated blocks compiled, cuDNN attention, then graphed; the fastest, after a compilation
   on first use; x0 moves by bf16 rounding (about as much as diffusers' forward differs from ours).
 
+Compilation (`COMPILE_OPTIONS`): the blocks are compiled once per process with their token counts symbolic
+(`dynamic=True`), so stage 2 (four times stage 1's tokens) and every later resolution or frame count reuse the same
+compiled code and only capture a CUDA graph. Left to Dynamo's default, the first shape compiles static and the second
+compiles everything again, dynamic. What Inductor and Triton compile is kept on disk (compile_cache.py), so a new
+process re-traces the blocks but takes their generated code and kernels from there. The denoiser says on the node
+(`notify`) when a call is about to compile or capture, since those calls take seconds instead of a fraction of one.
+
 Graphs: one per (latent shapes, fps, context shapes, timestep shapes, weights' dtype/device, mode), cached on the
 model object (so they go when it is garbage-collected). Inputs are copied into static buffers every call — latent
 tokens, the timesteps (per token when the stage is guided: guides.py), the positions and keyframe marks, AND the text
@@ -17,14 +24,17 @@ the next replay.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-from .. import compat
+from .. import compat, compile_cache
 from ..errors import LTX25Error
+from ..geometry import pixel_shape
 from ..streaming import is_streaming
 from .guides import GuidedStage
 from .positions import patchify_audio, patchify_video
@@ -32,6 +42,7 @@ from .positions import patchify_audio, patchify_video
 log = logging.getLogger("ltx25")
 
 DenoiseFn = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+Notify = Callable[[str], None]  # a line for the user (the node's progress text in ComfyUI)
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,9 @@ MODES = {
 ACCELERATIONS = ("auto", "eager", "cuda_graph", "compile_cuda_graph")  # the sampler node's choices
 WARMUP_CALLS = 2   # before a capture: allocator, cuBLAS handles, lazy inits and (compile) the compilation itself
 MAX_GRAPHS = 8     # per model; beyond it the cache starts over (a two-stage workflow uses two shapes)
+# `compile_repeated_blocks` → `torch.compile` options. dynamic=True: one compilation serves every token count (see
+# the module docstring); fullgraph=False: diffusers' attention dispatch may break the graph, which is allowed.
+COMPILE_OPTIONS = {"fullgraph": False, "dynamic": True}
 
 
 def resolve_mode(mode: str, device: torch.device) -> str:
@@ -66,14 +80,17 @@ def resolve_mode(mode: str, device: torch.device) -> str:
 
 
 def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
-                  guided: GuidedStage | None = None) -> DenoiseFn:
+                  guided: GuidedStage | None = None, notify: Notify | None = None) -> DenoiseFn:
     """`(video [B,128,F',H',W'], audio [B,8,T,16], σ) → (x0 video, x0 audio)` float32 on the inputs' devices, for
     `model` (`LTX25Transformer`) with `cond` (`Conditioning`) at `fps`; `mode` is 'auto' or a key of `MODES`.
     `guided` (on the model's device): the stage's guides — per-token timesteps and positions (the video then carries
     the appended guide frames); the x0 is unblended (the sampler holds the conditioned tokens).
+    `notify(line)` hears, before a call compiles the blocks or captures a graph of a compiled mode, what is about
+    to happen and, after it, how long it took (default: the log).
 
     A denoiser sets the model's compiled state and attention backend for its own calls (graph modes: for their
     captures), so denoisers of different modes on one model do not disturb each other."""
+    notify = notify or log.info
     resolved = resolve_mode(mode, next(model.parameters()).device)
     if resolved != "eager" and is_streaming(model):
         # A graph replays fixed addresses and a compiled block would trace the streamer's hooks: a model whose
@@ -82,15 +99,19 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
         resolved = "eager"
     spec = MODES[resolved]
     if spec.graph:
-        denoise = _graph_denoiser(model, cond, fps, spec, guided)
+        denoise = _graph_denoiser(model, cond, fps, spec, guided, notify)
     else:
         # Imported on use, like sampling.py: tests stand a fake in for `nodes.ltx.dit.transformer`.
         from .transformer import denoise as eager_denoise
         extra = {} if guided is None else {"guided": guided}
 
         def denoise(video: torch.Tensor, audio: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
-            _set_compiled(model, spec.compile)
-            return eager_denoise(model, video, audio, sigma, cond, fps, **extra)
+            if not spec.compile or _compiled_before(model):
+                _set_compiled(model, spec.compile)
+                return eager_denoise(model, video, audio, sigma, cond, fps, **extra)
+            with _announced(notify, _compile_message(video.shape)):
+                _set_compiled(model, True)
+                return eager_denoise(model, video, audio, sigma, cond, fps, **extra)
 
     if spec.attention is None:
         return denoise
@@ -111,16 +132,55 @@ def release(model: torch.nn.Module) -> None:
 
 # ---------------------------------------------------------------------------------------------------- compilation
 def _set_compiled(model: torch.nn.Module, on: bool) -> None:
-    """Compile the DiT's repeated blocks once per model (`compile_repeated_blocks`, kept as diffusers makes it);
-    `on=False` runs them eagerly again without discarding the compiled code (compat.set_compiled_call)."""
+    """Compile the DiT's repeated blocks once per model (`compile_repeated_blocks` with `COMPILE_OPTIONS`, kept as
+    diffusers makes it), after pointing the compile caches at the pack's folder; `on=False` runs them eagerly again
+    without discarding the compiled code (compat.set_compiled_call)."""
     compiled = vars(model).get("_ltx25_compiled")
     if compiled is None:
         if not on:
             return
-        model.dit.compile_repeated_blocks(fullgraph=False)
+        compile_cache.ensure_applied()  # torch reads the cache folders when it first compiles: set them before
+        model.dit.compile_repeated_blocks(**COMPILE_OPTIONS)
         compiled = model._ltx25_compiled = compat.compiled_calls(model.dit)
     for module, impl in compiled:
         compat.set_compiled_call(module, impl if on else None)
+
+
+def _compiled_before(model: torch.nn.Module) -> bool:
+    return vars(model).get("_ltx25_compiled") is not None
+
+
+def describe_shape(video_shape: tuple[int, ...]) -> str:
+    """'768×512×121' (pixels wide × high × frames) for a video latent `[B, 128, F', H', W']`; ', 2 clips' added for
+    B > 1."""
+    frames, height, width = pixel_shape(tuple(video_shape[2:5]))
+    return f"{width}×{height}×{frames}" + (f", {video_shape[0]} clips" if video_shape[0] > 1 else "")
+
+
+def _compile_message(video_shape: tuple[int, ...]) -> tuple[str, str]:
+    """(before, after) lines for the first compiled call of a model."""
+    root = compile_cache.ensure_applied().root
+    kept = f"kept in {root}" if root else "kept in torch's own cache folder"
+    size = describe_shape(video_shape)
+    return (f"LTX-2.5 sampler: compiling the transformer blocks for {size} (first use in this process; later shapes "
+            f"reuse it, and later starts read the compiled code {kept})…",
+            f"LTX-2.5 sampler: transformer blocks compiled for {size}")
+
+
+def _capture_message(video_shape: tuple[int, ...]) -> tuple[str, str]:
+    """(before, after) lines for a compiled model's first call at a new shape."""
+    size = describe_shape(video_shape)
+    return (f"LTX-2.5 sampler: capturing a CUDA graph of the compiled transformer for {size} (first use of this "
+            "shape)…", f"LTX-2.5 sampler: CUDA graph captured for {size}")
+
+
+@contextlib.contextmanager
+def _announced(notify: Notify, lines: tuple[str, str]) -> Iterator[None]:
+    """`notify(before)`, the work, then `notify(after + seconds)`: the user sees why this call is slow."""
+    notify(lines[0])
+    start = time.perf_counter()
+    yield
+    notify(f"{lines[1]} in {time.perf_counter() - start:.1f} s")
 
 
 # ---------------------------------------------------------------------------------------------------- CUDA graphs
@@ -204,7 +264,7 @@ def _capture(model: torch.nn.Module, video: torch.Tensor, audio: torch.Tensor, c
 
 
 def _graph_denoiser(model: torch.nn.Module, cond, fps: float, spec: Mode,
-                    guided: GuidedStage | None = None) -> DenoiseFn:
+                    guided: GuidedStage | None = None, notify: Notify = log.info) -> DenoiseFn:
     from .transformer import check_denoise_inputs, forward_inputs, x0_from_velocity
     cache, weight = _graph_cache(model), model.dit.proj_in.weight
 
@@ -218,8 +278,14 @@ def _graph_denoiser(model: torch.nn.Module, cond, fps: float, spec: Mode,
             if key not in cache.graphs:
                 if len(cache.graphs) >= MAX_GRAPHS:
                     cache.graphs.clear()
-                _set_compiled(model, spec.compile)
-                cache.graphs[key] = _capture(model, video, audio, cond, fps, cache, steps, grid)
+                if not spec.compile:  # a plain capture takes a few forwards: nothing to announce
+                    _set_compiled(model, False)
+                    cache.graphs[key] = _capture(model, video, audio, cond, fps, cache, steps, grid)
+                else:
+                    first = not _compiled_before(model)
+                    with _announced(notify, (_compile_message if first else _capture_message)(video.shape)):
+                        _set_compiled(model, True)
+                        cache.graphs[key] = _capture(model, video, audio, cond, fps, cache, steps, grid)
             graph = cache.graphs[key]
             graph.video_tokens.copy_(patchify_video(video))
             graph.audio_tokens.copy_(patchify_audio(audio))

@@ -269,13 +269,14 @@ def sample_distilled(model: torch.nn.Module, conditioning, video: torch.Tensor, 
                      seed: int, stage: int, sampler: str = "auto", sigmas: Sequence[float] | None = None,
                      on_step: OnStep | None = None, output_device: torch.device | None = None,
                      acceleration: str = "auto", denoise: Callable | None = None, noise_layout: str = "comfy",
-                     on_x0: OnX0 | None = None,
-                     guides: Guides | GuidedStage | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     on_x0: OnX0 | None = None, guides: Guides | GuidedStage | None = None,
+                     notify: Callable[[str], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One distilled stage with the LTX-2.5 transformer: `model` (carries `.model_version`), `conditioning`
     (`Conditioning`), video `[B,128,F',H',W']` + audio `[B,8,T,16]` at `fps` → sampled latents on `output_device`
     (default: where they came from), of the input shapes. `guides` (guides.Guides, or one already resolved for these
     latents): what the stage is conditioned on, at this stage's size. The denoiser comes from
-    `accelerated_denoise.make_denoiser(…, acceleration)`; `denoise(model, video, audio, sigma, cond, fps[, guided=])`
+    `accelerated_denoise.make_denoiser(…, acceleration, notify)` (`notify` hears when a step compiles or captures);
+    `denoise(model, video, audio, sigma, cond, fps[, guided=])`
     replaces it (tests). `noise_layout` and `on_x0`: see `sample_stage`."""
     if stage not in (1, 2):
         raise LTX25Error("stage", "the stage", stage, "1 or 2")
@@ -284,7 +285,7 @@ def sample_distilled(model: torch.nn.Module, conditioning, video: torch.Tensor, 
     video, audio = video.to(device), audio.to(device)
     held = guided_stage(guides, video, audio, fps, device)
     if denoise is None:
-        denoise_fn = make_denoiser(model, conditioning, fps, acceleration, held)
+        denoise_fn = make_denoiser(model, conditioning, fps, acceleration, held, notify)
     else:
         extra = {} if held is None else {"guided": held}
 

@@ -32,7 +32,7 @@ from ..conditioning import Conditioning
 from .connector import CONNECTOR_PREFIXES, CONNECTOR_RENAMES, ConnectorConfig, LTX25Connectors, positive_ints
 from ..errors import LTX25Error
 from ..files.keymap import KeyMap, Rename, load_strict
-from ..kernels.quantized_linear import load_keeping_quantized
+from ..kernels.quantized_linear import fp8_compute_, load_keeping_quantized
 from ..release import MODEL_VERSION
 from .guides import Grid, GuidedStage, Timesteps, uniform_timesteps
 from .positions import (AUDIO_LATENT_DOWNSAMPLE, AUDIO_SAMPLE_RATE, MEL_HOP_LENGTH, VIDEO_SCALE,
@@ -250,9 +250,15 @@ def _require_connectors(info) -> None:
                      "Half of the connector pair is missing: the file is damaged or a partial repack; re-download it.")
 
 
-def load_transformer(path: str | os.PathLike, dtype: torch.dtype | None = torch.bfloat16) -> LTX25Transformer:
+def load_transformer(path: str | os.PathLike, dtype: torch.dtype | None = torch.bfloat16,
+                     fp8_compute: bool = False) -> LTX25Transformer:
     """Inspect → parse config → read → strict load. A float `dtype`: the whole file in it, quantized weights
-    dequantized. None ('as stored'): quantized Linears stay quantized on the device (QuantizedLinear), the rest bf16."""
+    dequantized. None ('as stored'): quantized Linears stay quantized on the device (QuantizedLinear), the rest bf16.
+    `fp8_compute` (opt-in, with bf16): after the bf16 load, the DiT blocks' Linears become FP8 layers with per-row
+    weight scales (`quantized_linear.fp8_compute_`); everything outside the 48 blocks stays bf16."""
+    if fp8_compute and dtype != torch.bfloat16:
+        raise LTX25Error(path, "the weight dtype for FP8 compute", dtype, "torch.bfloat16",
+                         "FP8 compute quantizes a bf16 model: its GEMMs take bf16 activations.")
     info = expect_kind(path, Kind.TRANSFORMER)
     config = TransformerConfig.from_metadata(info.path, info.header.metadata)
     _require_connectors(info)
@@ -261,7 +267,10 @@ def load_transformer(path: str | os.PathLike, dtype: torch.dtype | None = torch.
         # denoise reads proj_in's weight for the compute device and dtype: it stays a float Linear.
         return load_keeping_quantized(info.path, build, read_state_dict(info.path, keep_quantized=True),
                                       info.header.metadata, KEY_MAP, keep_float=("dit.proj_in",))
-    return load_strict(info.path, build, read_state_dict(info.path, dtype), KEY_MAP, dtype)
+    model = load_strict(info.path, build, read_state_dict(info.path, dtype), KEY_MAP, dtype)
+    if fp8_compute:
+        fp8_compute_(model.dit.transformer_blocks)
+    return model
 
 
 def check_denoise_inputs(config: TransformerConfig, video: torch.Tensor, audio: torch.Tensor, cond: Conditioning,

@@ -336,6 +336,15 @@ def quantize_fp8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"weight": (w / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), "weight_scale": scale.reshape(())}
 
 
+def quantize_fp8_rows(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Float `[out, in]` → {"weight" E4M3, "weight_scale" fp32 `[out]` = each row's amax / 448}: one scale per
+    output row, so a row of small weights keeps E4M3's 3 mantissa bits instead of being scaled by the largest row
+    (the FP8 compute mode's weights; the loader and `fp8_linear` take either layout)."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / E4M3_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    return {"weight": (w / scale[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), "weight_scale": scale}
+
+
 def quantize_int8(weight: torch.Tensor, convrot_groupsize: int = 0) -> dict[str, torch.Tensor]:
     """Float `[out, in]` → {"weight" I8, "weight_scale" fp32 [out, 1]}: rotated first when `convrot_groupsize`,
     then one scale per row (row amax / 127), rounded to nearest."""

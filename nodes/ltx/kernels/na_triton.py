@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import compat
+from .. import compat, compile_cache
 from ..errors import LTX25Error
 
 try:  # optional: the kernel needs Triton (shipped with CUDA builds of torch); importing this module does not
@@ -317,5 +317,8 @@ def _key_onehots(box: tuple[int, int, int], sections: tuple[int, int, int], bloc
 
 
 def on_device(device: torch.device):
-    """Triton launches on the current CUDA device, not the tensors' one: make them the same (several GPUs)."""
+    """Triton launches on the current CUDA device, not the tensors' one: make them the same (several GPUs). Every
+    launch of the pack's kernels goes through here, so it is also where Triton's cache folder gets chosen before
+    the first kernel compiles (compile_cache.py)."""
+    compile_cache.ensure_applied()
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()

@@ -10,6 +10,9 @@ dequantization is `files.quant`'s):
   recorded `full_precision_matrix_mult`, the weight is dequantized just in time (bit-identical to the loaded file).
 - int8: the weight × its row scales in the activation dtype, GEMM; with convrot, the activations are rotated instead
   of the weight (x·Wᵀ = (x·H)·(q·s)ᵀ, H its own inverse), ComfyUI's own arrangement and cheaper than rotating W.
+
+`fp8_compute_` makes FP8 layers of a float model's Linears (the transformer loader's opt-in 'fp8 compute'): the
+same FP8 forward, with weights quantized at load, one scale per output row.
 """
 from __future__ import annotations
 
@@ -118,6 +121,29 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         x_scale, w_scale = x_scale.reshape(()), weight_scale.float().reshape(())
     y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=w_scale, bias=bias, out_dtype=x.dtype)
     return y.reshape(*shape[:-1], weight.shape[0])
+
+
+# ---------------------------------------------------------------------------------------------------- FP8 compute
+def fp8_compute_(root: nn.Module) -> int:
+    """The opt-in FP8 compute mode of a float model: every `nn.Linear` under `root` whose in and out features are
+    multiples of 16 (what the FP8 GEMM takes) becomes an FP8 `QuantizedLinear`, its weight quantized in place on its
+    own device to E4M3 with one scale per output row (`quant.quantize_fp8_rows`); the bias stays as it was. Its
+    forward on a GPU of capability ≥ 9.0 with bf16 activations is `fp8_linear` (activations scaled per row from
+    their own amax, `torch._scaled_mm`); elsewhere the weight is dequantized for a plain GEMM. Attention itself
+    (softmax(q·kᵀ)·v) is no Linear and stays in the activation dtype. Halves the Linears' memory. → the number of
+    layers replaced."""
+    names = [name for name, m in root.named_modules() if name and type(m) is nn.Linear
+             and m.in_features % 16 == 0 and m.out_features % 16 == 0]
+    for name in names:  # by name, holding one layer at a time: each float weight is freed once replaced
+        linear = root.get_submodule(name)
+        stored = quant.quantize_fp8_rows(linear.weight.detach())
+        bias = None if linear.bias is None else linear.bias.detach()
+        layer = QuantizedLinear(LayerFormat(FP8), linear.in_features, linear.out_features, stored["weight"],
+                                stored["weight_scale"], None, bias).eval()
+        parent, _, child = name.rpartition(".")
+        del linear
+        setattr(root.get_submodule(parent) if parent else root, child, layer)
+    return len(names)
 
 
 # ---------------------------------------------------------------------------------------------------- loading
