@@ -38,12 +38,14 @@ def _tiny_blocks(res: int, ups: tuple[tuple[str, int], ...]) -> list:
     return blocks
 
 
-# The shipped 2.5 layout at tiny widths. The decoder keeps the nine-block list with 1 layer per stage and base 8; the
-# encoder keeps 128 wide (see `encoder_kwargs`) and saves size with empty res stages and ×1 multipliers.
+# The shipped 2.5 layout at tiny widths. The decoder keeps the nine-block list with 1 layer per stage and base 8. The
+# encoder cannot be narrower than the latent (its first width is the latent's 128 channels): it saves size with ×1
+# multipliers and one layer per res stage — one, not none, so every stage's resnets (80 of the real encoder's 84
+# tensors) are in the file and its key map rows are exercised.
 TINY_VAE_CONFIG = {
     "_class_name": "CausalVideoAutoencoder", "dims": 3, "in_channels": 3, "out_channels": 3,
     "latent_channels": LATENT_CHANNELS,
-    "encoder_blocks": _tiny_blocks(0, (("compress_space_res", 1), ("compress_time_res", 1), ("compress_all_res", 1),
+    "encoder_blocks": _tiny_blocks(1, (("compress_space_res", 1), ("compress_time_res", 1), ("compress_all_res", 1),
                                        ("compress_all_res", 1))),
     "decoder_blocks": _tiny_blocks(1, (("compress_space", 2), ("compress_time", 2), ("compress_all", 1),
                                        ("compress_all", 2))),
