@@ -305,7 +305,9 @@ def test_tiling_is_exact_for_a_local_encoder(cheap, case):
     plan = ve.encode_plan(encoder, shape, request, None)
     assert plan.count == 2 and (plan.frames == ((0, 4), (1, 5)) if case == "temporal" else len(plan.rows) == 2)
     whole = ve.encode_video(encoder, frames, TilingRequest("off"))
-    tiled = ve.encode_video(encoder, frames, request)
+    lines = []
+    tiled = ve.encode_video(encoder, frames, request, on_plan=lines.append)
+    assert len(lines) == 1 and "2 tiles" in lines[0], lines
     assert (tiled - whole).abs().max() <= 1e-5 * float(whole.abs().max()), float((tiled - whole).abs().max())
 
 

@@ -118,7 +118,8 @@ class LTX25EncodeVideo:
         request.check(VIDEO_NODE)
         encoder = video_encoder.ready(working_memory(video_encoder.module, tuple(pixels.shape), request))
         latent = encode_video(encoder, pixels, request, bridge.free_device_memory(),
-                              bridge.step_callback(1, "video encode"), where=VIDEO_NODE, check=bridge.check_interrupt)
+                              bridge.step_callback(1, "video encode"), where=VIDEO_NODE, check=bridge.check_interrupt,
+                              on_plan=bridge.show_on_node)
         if used:
             bridge.show_on_node(f"{VIDEO_NODE}: frames pre-compressed with H.264 at CRF {used}")
         return ({"samples": latent.to(bridge.intermediate_device()), "frame_rate": float(frame_rate)},)

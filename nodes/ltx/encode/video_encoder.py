@@ -263,7 +263,8 @@ def working_memory(encoder: VideoEncoder, pixel_shape: tuple[int, ...], request:
 
 def encode_video(encoder: VideoEncoder, pixels: torch.Tensor, request: TilingRequest = TilingRequest(),
                  free_memory: int | None = None, on_step: Callable[[int, int], None] | None = None,
-                 where: str = "encode_video", check: Callable[[], None] | None = None) -> torch.Tensor:
+                 where: str = "encode_video", check: Callable[[], None] | None = None,
+                 on_plan: Callable[[str], None] | None = None) -> torch.Tensor:
     """Frames `[B, F, H, W, 3]` in [0, 1] (F = 8k+1, H and W multiples of 32) → NORMALIZED latent
     `[B, 128, (F−1)/8 + 1, H/32, W/32]` float32 on the CPU: `(means − latents_mean) / latents_std` per channel, what
     the decoders un-normalize. The first frame is encoded alone (the causal first latent frame).
@@ -274,7 +275,8 @@ def encode_video(encoder: VideoEncoder, pixels: torch.Tensor, request: TilingReq
     latent grid, each encoded on its own from exactly its pixels, blended in latent space with trapezoid weights
     that sum to one; a temporal tile after the first starts one latent frame early and gives that frame weight 0 —
     it is made from the tile's first pixel frame alone. `on_step(done, total)` runs after every tile (it raises to
-    interrupt); `check()` before each of the encoder's blocks. `where` names the node in errors.
+    interrupt); `check()` before each of the encoder's blocks; `on_plan(line)` gets the plan (`TilePlan.describe`)
+    before the first tile. `where` names the node in errors.
     """
     pixels = check_pixels(pixels, f"{where}.pixels")
     request.check(where)
@@ -284,6 +286,8 @@ def encode_video(encoder: VideoEncoder, pixels: torch.Tensor, request: TilingReq
     budget = request.budget_bytes(weight_bytes(encoder), free_bytes(device) if free_memory is None else free_memory,
                                   where)
     plan = encode_plan(encoder, tuple(pixels.shape), request, budget)
+    if on_plan is not None:
+        on_plan(plan.describe(where, budget))
     batch, channels, frames, height, width = latent_shape(tuple(pixels.shape))
     weights_t = blend_weights(list(plan.frames), frames, [a > 0 for a, _ in plan.frames])
     weights_h, weights_w = blend_weights(list(plan.rows), height), blend_weights(list(plan.cols), width)
