@@ -310,9 +310,11 @@ def start_server(work_dir: str) -> ComfyServer:
 
 # ---------------------------------------------------------------------------------------------------- in-process
 def run_inprocess_driver(work_dir: str, models_dir: str, workflows: list[str], timeout: float = 300,
-                         resize: bool = True, core_loaders: dict[str, tuple[str, str]] | None = None) -> dict:
+                         resize: bool = True, core_loaders: dict[str, tuple[str, str]] | None = None,
+                         encode_compare: dict[str, str] | None = None) -> dict:
     """Run `tests/comfyui_inprocess_driver.py` with COMFYUI_PYTHON on the workflows, sized as `small_clip` unless
-    `resize` is off; `core_loaders` ({case: (folder, file)}) has core's own loaders load those files too.
+    `resize` is off; `core_loaders` ({case: (folder, file)}) has core's own loaders load those files too, and
+    `encode_compare` ({case: file}) encodes one input with core's encoder and the pack's for each file.
     Its JSON report."""
     comfy_root, python = comfyui_path(), comfyui_python()
     custom_nodes = make_custom_nodes_dir(work_dir)
@@ -327,7 +329,8 @@ def run_inprocess_driver(work_dir: str, models_dir: str, workflows: list[str], t
     cmd = [python, os.path.join(PACK_ROOT, "tests", "comfyui_inprocess_driver.py"),
            "--comfyui", comfy_root, "--pack", os.path.join(custom_nodes, PACK_FOLDER), "--models", models_dir,
            "--out", os.path.join(work_dir, "output"), "--report", report_path,
-           "--core-loaders", json.dumps(core_loaders or {}), *workflows]
+           "--core-loaders", json.dumps(core_loaders or {}), "--encode-compare", json.dumps(encode_compare or {}),
+           *workflows]
     result = subprocess.run(cmd, cwd=work_dir, env=child_env(), capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0 or not os.path.isfile(report_path):
         raise AssertionError(f"in-process driver failed (exit {result.returncode}):\n"

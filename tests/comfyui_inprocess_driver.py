@@ -115,6 +115,48 @@ def _load_with_core(nodes, case: str, folder: str, name: str) -> dict:
     return entry
 
 
+# case → (core's node for that file, the pack's loader and encode nodes): the same input through both
+ENCODE_CASES = {
+    "conv_vae": ("VAEEncode", "LTX25VideoEncoderLoader", "LTX25EncodeVideo"),
+    "diffusion_vae": ("VAEEncode", "LTX25VideoEncoderLoader", "LTX25EncodeVideo"),
+    "audio_vae": ("LTXVAudioVAEEncode", "LTX25AudioEncoderLoader", "LTX25EncodeAudio"),
+}
+
+
+def _encode_with_core_and_pack(nodes, case: str, name: str) -> dict:
+    """Core's VAELoader + VAE Encode (video) or LTXV Audio VAE Encode (audio) on `name`, and the pack's encoder
+    loader + encode node on the same file and input, both in float32 on the CPU: the two latents' shapes and
+    their largest difference, or the traceback. Video: 9 frames of 64×96 noise; audio: 11·4096 samples of stereo
+    noise at 44.1 kHz (core resamples any other rate to 44.1 kHz first, then to the model's 16 kHz, and its generic
+    VAE input crop keeps a centred multiple of 4096 samples: this length it keeps whole)."""
+    import torch
+    from comfy_api.internal import _ComfyNodeInternal
+    core_node, loader, encode = ENCODE_CASES[case]
+    generator = torch.Generator().manual_seed(0)
+    entry: dict[str, Any] = {"file": name, "core_node": core_node}
+    try:
+        (vae,) = nodes.NODE_CLASS_MAPPINGS["VAELoader"]().load_vae(name)
+        pack_loaded = nodes.NODE_CLASS_MAPPINGS[loader]().load(name, "fp32")[0]
+        if case == "audio_vae":
+            audio = {"waveform": torch.randn(1, 2, 11 * 4096, generator=generator) * 0.3, "sample_rate": 44100}
+            cls = nodes.NODE_CLASS_MAPPINGS[core_node]
+            out = cls.execute(audio, vae) if issubclass(cls, _ComfyNodeInternal) else cls().encode(audio, vae)
+            core = (out.result if hasattr(out, "result") else out)[0]["samples"]
+            pack = nodes.NODE_CLASS_MAPPINGS[encode]().encode(pack_loaded, audio)[0]["samples"]
+        else:
+            frames = torch.rand(9, 64, 96, 3, generator=generator)
+            core = nodes.NODE_CLASS_MAPPINGS[core_node]().encode(vae, frames)[0]["samples"]
+            pack = nodes.NODE_CLASS_MAPPINGS[encode]().encode(pack_loaded, frames, 24.0, 0, 0, 0, "off", 80, 768, 24,
+                                                                64, 0.0)[0]["samples"]
+        core, pack = core.float().cpu(), pack.float().cpu()
+        entry.update(ok=True, core_shape=list(core.shape), pack_shape=list(pack.shape), core_dtype=str(vae.vae_dtype),
+                     max_abs=float((core - pack).abs().max()) if core.shape == pack.shape else None,
+                     scale=float(core.abs().max()))
+    except Exception:  # the report carries the traceback; the test prints it
+        entry.update(ok=False, error=traceback.format_exc()[-4000:])
+    return entry
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--comfyui", required=True)
@@ -124,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", required=True)
     parser.add_argument("--core-loaders", default="{}",
                         help='JSON {case: [folder, file]}: each file loaded by core ComfyUI\'s own loader for it')
+    parser.add_argument("--encode-compare", default="{}",
+                        help='JSON {case: file}: core\'s and the pack\'s encoders on the same input (ENCODE_CASES)')
     parser.add_argument("workflows", nargs="*")
     args = parser.parse_args(argv)
     _isolate_sys_path(os.path.abspath(args.comfyui))
@@ -166,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
 
     report["core_loaders"] = {case: _load_with_core(nodes, case, folder, name)
                               for case, (folder, name) in json.loads(args.core_loaders).items()}
+    report["encode_compare"] = {case: _encode_with_core_and_pack(nodes, case, name)
+                                for case, name in json.loads(args.encode_compare).items()}
 
     # 4. Observers: a wrapper around each pack node's FUNCTION, and a spy on load_models_gpu.
     calls: list[dict] = []

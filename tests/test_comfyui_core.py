@@ -3,7 +3,8 @@
 
 - core's loaders load each tiny file, as a user mixing core and pack nodes would load the official ones;
 - core's Empty LTXV latents feed the pack's sampler, and core's joint audio+video latent the pack's decoders,
-  through ComfyUI's own validate_prompt and PromptExecutor.
+  through ComfyUI's own validate_prompt and PromptExecutor;
+- the pack's video and audio encoders give core's VAE Encode / LTXV Audio VAE Encode latents on the tiny files.
 
 Runs only when COMFYUI_PATH names a ComfyUI checkout; skipped otherwise. See docs/COMFYUI_TESTS.md.
 """
@@ -30,6 +31,10 @@ CORE_CASES = {
     "audio_vae_ltxv_loader": ("audio_vae", "checkpoints", "AudioVAE"),
     "upsampler": ("upsampler", "latent_upscale_models", "LatentUpsampler"),
 }
+
+
+# the files whose encoder core and the pack both run (tests/comfyui_inprocess_driver.py, ENCODE_CASES)
+ENCODE_CASES = ("conv_vae", "diffusion_vae", "audio_vae")
 
 
 def _core_graph(names: dict[str, str]) -> dict:
@@ -74,7 +79,9 @@ def report(tmp_path_factory, tiny_models) -> dict:
     with open(graph, "w", encoding="utf-8") as f:
         json.dump(_core_graph(names), f)
     loaders = {case: (folder, names[component]) for case, (component, folder, _inner) in CORE_CASES.items()}
-    return h.run_inprocess_driver(work, tiny_models, [graph], resize=False, core_loaders=loaders)
+    encodes = {case: names[case] for case in ENCODE_CASES}
+    return h.run_inprocess_driver(work, tiny_models, [graph], resize=False, core_loaders=loaders,
+                                  encode_compare=encodes)
 
 
 @pytest.mark.parametrize("case", list(CORE_CASES))
@@ -100,3 +107,18 @@ def test_core_empty_latents_and_joint_latent_run_through_pack_nodes(report):
     saved = [item for ui in entry["ui"].values() for item in h.ui_files(ui) if item["type"] == "output"]
     assert saved and all(os.path.getsize(os.path.join(report["out_dir"], item.get("subfolder", ""),
                                                       item["filename"])) > 0 for item in saved), entry["ui"]
+
+
+@pytest.mark.parametrize("case", ENCODE_CASES)
+def test_pack_encoders_equal_cores_on_the_tiny_files(report, case):
+    """The same frames through core's VAELoader + VAE Encode and through the pack's Load Video Encoder + Encode
+    Video (from the conv file and from the diffusion file, which bundles the encoder too), and the same 44.1 kHz
+    audio through core's LTXV Audio VAE Encode (torchaudio's resample and mel) and the pack's Encode Audio — of a
+    length core does not crop (it keeps a centred multiple of 4096 samples of any audio; the reference and the
+    pack keep it all): equal latents, normalized alike, within float32 rounding (1e-4 of the latent's scale;
+    measured 2e-6). Fails when the pack's encoder, its normalization, its resampler or its mel stops being core's."""
+    entry = report["encode_compare"][case]
+    assert entry["ok"], f"{entry['core_node']} on {entry['file']}:\n{entry['error']}"
+    assert entry["core_shape"] == entry["pack_shape"], entry
+    assert entry["core_dtype"] == "torch.float32", entry
+    assert entry["max_abs"] <= 1e-4 * entry["scale"], entry

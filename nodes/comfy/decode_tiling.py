@@ -1,18 +1,18 @@
-"""The tiling widgets of both video-decode nodes: the same names and meanings on each (the engine's
-`TilingRequest`), only the defaults differ per decoder."""
+"""The tiling widgets of both video-decode nodes and of the video-encode node: the same names and meanings on each
+(the engine's `TilingRequest`), only the defaults differ per model."""
 from __future__ import annotations
 
 from ..ltx.decode.tiling import MODES
 
 
 def tiling_inputs(tile_frames: int, tile_pixels: int, overlap_frames: int, overlap_pixels: int,
-                  overlap_note: str) -> dict:
-    """The tiling widget group with one decoder's defaults; `overlap_note` ends the overlap tooltips with what
-    that decoder does with an overlap."""
+                  overlap_note: str, work: str = "decode", model: str = "decoder") -> dict:
+    """The tiling widget group with one model's defaults; `overlap_note` ends the overlap tooltips with what that
+    model does with an overlap; `work` / `model` name the job and the model in the tooltips."""
     return {
         "tiling": (list(MODES), {"default": "auto", "tooltip": (
-            "auto: tile only when the untiled decode would not fit the memory budget, then the tiles with the least "
-            "recomputed overlap that fit (with the overlaps below). off: decode in one piece. manual: the sizes "
+            f"auto: tile only when the untiled {work} would not fit the memory budget, then the tiles with the least "
+            f"recomputed overlap that fit (with the overlaps below). off: {work} in one piece. manual: the sizes "
             "below.")}),
         "tile_frames": ("INT", {"default": tile_frames, "min": 8, "max": 8192, "step": 8,
                                 "tooltip": "Manual tiling: frames per temporal tile (a multiple of 8)."}),
@@ -23,6 +23,6 @@ def tiling_inputs(tile_frames: int, tile_pixels: int, overlap_frames: int, overl
         "overlap_pixels": ("INT", {"default": overlap_pixels, "min": 0, "max": 2048, "step": 32, "tooltip": (
             "Pixels cross-faded between neighbouring tiles (a multiple of 32). " + overlap_note)}),
         "memory_budget_gb": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 4096.0, "step": 0.5, "tooltip": (
-            "auto tiling: GiB the decode may use, the decoder's weights included. 0 = the free device memory "
+            f"auto tiling: GiB the {work} may use, the {model}'s weights included. 0 = the free device memory "
             "after other models are evicted.")}),
     }

@@ -2,8 +2,9 @@
 `LTX2VocoderWithBWE` (mel → 16 kHz waveform → bandwidth extension to 48 kHz), configured from the file's
 `config.audio_vae` and `config.vocoder`, loaded strictly from `audio_vae.*` / `vocoder.*`.
 
-Decode-only: the file's `audio_vae.encoder.*` is on the drop list. The vocoder always runs in float32: bf16
-accumulation through its ~100 sequential convolutions degrades the spectrum (the reference autocasts to fp32).
+The file's `audio_vae.encoder.*` is on the drop list here (the encoder is loaded on its own, by
+`nodes/ltx/encode/audio_encoder.py`). The vocoder always runs in float32: bf16 accumulation through its ~100
+sequential convolutions degrades the spectrum (the reference autocasts to fp32).
 
 Lengths: a latent of T frames becomes 4T−3 mel frames (the causal decoder trims 3), 160 samples each at 16 kHz,
 ×3 at 48 kHz: 480·(4T−3) samples. The sampler makes T = round(F/fps·25) for F video frames, so the audio is
@@ -47,7 +48,7 @@ KEY_MAP = KeyMap(
         Rename("downsample.lowpass", "downsample", anywhere=True),
     ),
     drops=(
-        Drop(r"audio_vae\.encoder\..*", "decode-only pack: nothing here encodes audio, so the encoder is never built"),
+        Drop(r"audio_vae\.encoder\..*", "the audio encoder: LTX-2.5 Load Audio Encoder builds it (encode/)"),
         Drop(r"audio_vae\.per_channel_statistics\.(?!mean-of-means$|std-of-means$).*",
              "dataset statistics the decoder does not use"),
     ),

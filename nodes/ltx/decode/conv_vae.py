@@ -1,8 +1,9 @@
 """The LTX-2.5 conv VAE decoder (docs/MODEL.md §9, §12): diffusers' `LTX2VideoDecoder3d`, configured from the file's
 flat `config.vae` (`_class_name: CausalVideoAutoencoder`), loaded strictly, with the file's per-channel statistics.
 
-Decode-only: the pack never encodes video, so the container holds the decoder and the statistics; the file's
-`encoder.*` tensors are on the drop list. `decode_conv` runs the tiles `conv_tiling.plan_tiles` lays out.
+The container holds the decoder and the statistics; the file's `encoder.*` tensors are on the drop list here (the
+encoder is loaded on its own, by `nodes/ltx/encode/video_encoder.py`). `decode_conv` runs the tiles
+`conv_tiling.plan_tiles` lays out.
 
 Native → diffusers. The native decoder is one flat list of nine blocks, run in reverse: res_x(2), compress_all(×2),
 res_x(2), compress_all(×1), res_x(4), compress_time(×2), res_x(6), compress_space(×2), res_x(4) (the 2.3/2.5 list).
@@ -52,7 +53,7 @@ KEY_MAP = KeyMap(
         Rename("per_channel_statistics.std-of-means", "latents_std"),
     ),
     drops=(
-        Drop(r"encoder\..*", "decode-only pack: nothing here encodes video, so the encoder is never built"),
+        Drop(r"encoder\..*", "the bundled encoder: LTX-2.5 Load Video Encoder builds it (encode/)"),
         Drop(r"per_channel_statistics\.(?!mean-of-means$|std-of-means$).*",
              "dataset statistics the decoder does not use (diffusers' converter drops them too)"),
     ),

@@ -131,7 +131,7 @@ KEY_MAP = KeyMap(
     ),
     splits=(Split("qkv", ("to_q", "to_k", "to_v")),),  # fused [3C, C] stored q, k, v in thirds
     drops=(
-        Drop(r"encoder\..*", "the conv encoder the file bundles: this pack only decodes"),
+        Drop(r"encoder\..*", "the conv encoder the file bundles: LTX-2.5 Load Video Encoder builds it (encode/)"),
         Drop(r"decoder\.type_emb", "unused by every implementation (reference, diffusers, ComfyUI)"),
         Drop(r"decoder\.coarse_.*", "a bundled preview head (monolith files), not part of the decoder"),
     ),

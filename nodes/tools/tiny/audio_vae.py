@@ -4,14 +4,11 @@ and the real hops, so latents are `[B, 8, T, 16]` and the output is 48 kHz of th
 from __future__ import annotations
 
 import torch
-from diffusers.models.autoencoders.autoencoder_kl_ltx2_audio import LTX2AudioEncoder
 
 from ...ltx.audio_vae import KEY_MAP, LATENT_BINS, LATENT_CHANNELS, AudioVAE, AudioVAEConfig, vocoder_kwargs
-from ...ltx.files.keymap import KeyMap, Rename
+from ...ltx.encode.audio_encoder import KEY_MAP as ENCODER_KEY_MAP, AudioEncoder, encoder_settings
 from ...ltx.release import MODEL_VERSION
 from .common import generator, randomize_, save_native
-
-ENCODER_KEY_MAP = KeyMap("audio VAE encoder (tiny writer)", renames=(Rename("audio_vae.encoder", "encoder"),))
 
 # `ch` is also the length of the per-channel statistics in the reference (its PerChannelStatistics is built with
 # `ch` channels), and they hold one value per (latent channel, mel bin): 8 × 16 = 128, as in the released file. The
@@ -67,8 +64,7 @@ def write_tiny(path: str, seed: int = 0) -> str:
     g = generator(seed, "audio_statistics")
     state["latents_mean"] = torch.randn(LATENT_CHANNELS * LATENT_BINS, generator=g) * 0.1
     state["latents_std"] = torch.rand(LATENT_CHANNELS * LATENT_BINS, generator=g) * 0.5 + 0.75
-    encoder = randomize_(LTX2AudioEncoder(**config.module_kwargs(), double_z=config.double_z), seed,
-                         "audio_vae_encoder")
+    encoder = randomize_(AudioEncoder(*encoder_settings(path, metadata)).encoder, seed, "audio_vae_encoder")
     tensors = KEY_MAP.to_native(state)
     tensors |= ENCODER_KEY_MAP.to_native({f"encoder.{k}": v for k, v in encoder.state_dict().items()})
     return save_native(path, tensors, metadata)

@@ -2,8 +2,9 @@
 (`encoder.*`, `decoder.*`, `per_channel_statistics.*`, flat `config.vae`). Latent channels 128 and 32×32×8
 compression like the real file, so latent shapes match.
 
-Also the bundled conv encoder, which the pack never runs but both video-VAE files carry: `encoder_kwargs` builds
-diffusers' `LTX2VideoEncoder3d` from a native block list, `ENCODER_KEY_MAP` names its tensors as the files do.
+Also the bundled conv encoder, which both video-VAE files carry: `encoder_tensors` builds the engine's encoder
+(`nodes/ltx/encode/video_encoder.py`) from a native block list, randomly weighted, and names its tensors as the files
+do (the engine's key map run backwards).
 """
 from __future__ import annotations
 
@@ -11,45 +12,22 @@ import math
 from typing import Any, Mapping
 
 import torch
-from diffusers.models.autoencoders.autoencoder_kl_ltx2 import LTX2VideoEncoder3d
 
 from ...ltx.decode.conv_vae import KEY_MAP, LATENT_CHANNELS, ConvVAEConfig, ConvVideoVAE
-from ...ltx.files.keymap import KeyMap, Rename
+from ...ltx.encode.video_encoder import KEY_MAP as ENCODER_KEY_MAP, VideoEncoder, VideoEncoderConfig
 from ...ltx.release import MODEL_VERSION
 from .common import latent_statistics, randomize_, save_native
 
-DOWNSAMPLER_KINDS = {"compress_all_res": "spatiotemporal", "compress_time_res": "temporal",
-                     "compress_space_res": "spatial"}
-# native flat `down_blocks.{0..8}` → diffusers' four down blocks (resnets, then downsampler) and mid block
-_ENCODER_MODULES = ("down_blocks.0", "down_blocks.0.downsamplers.0", "down_blocks.1", "down_blocks.1.downsamplers.0",
-                    "down_blocks.2", "down_blocks.2.downsamplers.0", "down_blocks.3", "down_blocks.3.downsamplers.0",
-                    "mid_block")
-ENCODER_KEY_MAP = KeyMap("conv video VAE encoder (tiny writer)", renames=tuple(
-    Rename(f"encoder.down_blocks.{i}.res_blocks", f"encoder.{module}.resnets") if i % 2 == 0
-    else Rename(f"encoder.down_blocks.{i}.conv", f"encoder.{module}.conv")
-    for i, module in enumerate(_ENCODER_MODULES)))
-
 
 def encoder_kwargs(vae: Mapping[str, Any]) -> dict[str, Any]:
-    """`LTX2VideoEncoder3d` arguments from a native `config.vae` (`encoder_blocks`: nine [name, params] pairs,
-    `patch_size`, `spatial_padding_mode`). diffusers' encoder widens to `latent_channels` in conv_in, so its base
-    width is 128 (the native `encoder_base_channels`)."""
-    blocks = [(name, dict(params)) for name, params in vae["encoder_blocks"]]
-    widths, width = [], LATENT_CHANNELS
-    for _, params in blocks[1::2]:
-        width *= int(params.get("multiplier", 1))
-        widths.append(width)
-    return dict(in_channels=3, out_channels=LATENT_CHANNELS, block_out_channels=tuple(widths),
-                down_block_types=("LTX2VideoDownBlock3D",) * 4, spatio_temporal_scaling=(True,) * 4,
-                layers_per_block=tuple(int(p["num_layers"]) for _, p in blocks[::2]),
-                downsample_type=tuple(DOWNSAMPLER_KINDS[n] for n, _ in blocks[1::2]), patch_size=vae["patch_size"],
-                patch_size_t=1, resnet_norm_eps=1e-6, is_causal=True,
-                spatial_padding_mode=vae.get("spatial_padding_mode", "zeros"))
+    """`LTX2VideoEncoder3d` arguments from a native flat `config.vae` (`encoder_blocks`, `patch_size`, …), as the
+    engine reads them."""
+    return VideoEncoderConfig.from_metadata("config.vae", {"config": {"vae": vae}}, nested=False).diffusers_kwargs()
 
 
-def encoder_tensors(vae: Mapping[str, Any], seed: int, salt: str) -> dict[str, torch.Tensor]:
-    """The bundled encoder's native `encoder.*` tensors for `vae` (as in `encoder_kwargs`), randomly weighted."""
-    encoder = randomize_(LTX2VideoEncoder3d(**encoder_kwargs(vae)), seed, salt)
+def encoder_tensors(config: VideoEncoderConfig, seed: int, salt: str) -> dict[str, torch.Tensor]:
+    """The bundled encoder's native `encoder.*` tensors for `config`, randomly weighted."""
+    encoder = randomize_(VideoEncoder(config).encoder, seed, salt)
     return ENCODER_KEY_MAP.to_native({f"encoder.{k}": v for k, v in encoder.state_dict().items()})
 
 
@@ -60,12 +38,14 @@ def _tiny_blocks(res: int, ups: tuple[tuple[str, int], ...]) -> list:
     return blocks
 
 
-# The shipped 2.5 layout at tiny widths. The decoder keeps the nine-block list with 1 layer per stage and base 8; the
-# encoder keeps 128 wide (see `encoder_kwargs`) and saves size with empty res stages and ×1 multipliers.
+# The shipped 2.5 layout at tiny widths. The decoder keeps the nine-block list with 1 layer per stage and base 8. The
+# encoder cannot be narrower than the latent (its first width is the latent's 128 channels): it saves size with ×1
+# multipliers and one layer per res stage — one, not none, so every stage's resnets (80 of the real encoder's 84
+# tensors) are in the file and its key map rows are exercised.
 TINY_VAE_CONFIG = {
     "_class_name": "CausalVideoAutoencoder", "dims": 3, "in_channels": 3, "out_channels": 3,
     "latent_channels": LATENT_CHANNELS,
-    "encoder_blocks": _tiny_blocks(0, (("compress_space_res", 1), ("compress_time_res", 1), ("compress_all_res", 1),
+    "encoder_blocks": _tiny_blocks(1, (("compress_space_res", 1), ("compress_time_res", 1), ("compress_all_res", 1),
                                        ("compress_all_res", 1))),
     "decoder_blocks": _tiny_blocks(1, (("compress_space", 2), ("compress_time", 2), ("compress_all", 1),
                                        ("compress_all", 2))),
@@ -99,5 +79,6 @@ def write_tiny(path: str, seed: int = 0) -> str:
     vae.latents_mean.copy_(mean)
     vae.latents_std.copy_(std)
     tensors = KEY_MAP.to_native(vae.state_dict())
-    tensors |= encoder_tensors(TINY_VAE_CONFIG, seed, "conv_vae_encoder")
+    encoder = VideoEncoderConfig.from_metadata(path, {"config": {"vae": TINY_VAE_CONFIG}}, nested=False)
+    tensors |= encoder_tensors(encoder, seed, "conv_vae_encoder")
     return save_native(path, tensors, {"config": {"vae": TINY_VAE_CONFIG}, "model_version": MODEL_VERSION})

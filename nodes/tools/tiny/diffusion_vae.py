@@ -1,18 +1,17 @@
 """The tiny diffusion video VAE file in the exact native layout: fused qkv, `attn.proj`, `t_embedder.mlp`, the unused
 `type_emb`, the bundled conv encoder `encoder.*`, per-channel statistics and the nested `config.vae` metadata.
 
-The pack never runs the encoder, but other readers build it from `config.vae.encoder` (ComfyUI's VAELoader loads
-it strictly, with `base_channels` 128 when the block does not say): the block declares every field, and the tensors
-are those of a real encoder built from it — the tiny conv VAE's encoder, as both released video-VAE files bundle one
-encoder."""
+Every reader builds the encoder from `config.vae.encoder` (the pack's encoder loader and ComfyUI's VAELoader load
+it strictly; ComfyUI with `base_channels` 128 when the block does not say): the block declares every field, and the
+tensors are those of a real encoder built from it — the tiny conv VAE's layout, as both released video-VAE files
+bundle one encoder."""
 from __future__ import annotations
-
-from typing import Any, Mapping
 
 import torch
 from diffusers.models.autoencoders.ltx2_diffusion_decoder import LTX2VideoDiffusionDecoderModel
 
 from ...ltx.decode.diffusion_vae import CLASS_NAME, KEY_MAP, DiffusionVAEConfig
+from ...ltx.encode.video_encoder import VideoEncoderConfig
 from ...ltx.release import MODEL_VERSION
 from .common import TINY_DIMS, generator, latent_statistics, randomize_, save_native
 from .conv_vae import TINY_VAE_CONFIG, encoder_tensors
@@ -32,11 +31,6 @@ TINY_ENCODER = {"in_channels": 3, "out_channels": TINY_DIMS["latent_channels"], 
                 "base_channels": TINY_VAE_CONFIG["encoder_base_channels"], "blocks": TINY_VAE_CONFIG["encoder_blocks"]}
 
 
-def _tiny_encoder(encoder: Mapping[str, Any], seed: int) -> dict[str, torch.Tensor]:
-    """The bundled encoder's tensors (dropped on load by this pack): a real encoder built from the `encoder` block."""
-    as_conv_config = {"encoder_blocks": encoder["blocks"], "patch_size": encoder["patch_size"],
-                      "spatial_padding_mode": encoder["spatial_padding_mode"]}
-    return encoder_tensors(as_conv_config, seed, "diffusion_vae.encoder")
 
 
 def write_tiny(path: str, seed: int) -> str:
@@ -51,5 +45,6 @@ def write_tiny(path: str, seed: int) -> str:
     mean, std = latent_statistics(seed)
     tensors["per_channel_statistics.mean-of-means"], tensors["per_channel_statistics.std-of-means"] = mean, std
     tensors["decoder.type_emb"] = torch.randn(config.in_channels, generator=generator(seed, "diffusion_vae.type"))
-    tensors.update(_tiny_encoder(TINY_ENCODER, seed))
+    encoder = VideoEncoderConfig.from_metadata(path, metadata, nested=True)
+    tensors.update(encoder_tensors(encoder, seed, "diffusion_vae.encoder"))
     return save_native(path, tensors, metadata)
