@@ -20,11 +20,10 @@ from ..audio_vae import LATENT_BINS, LATENT_CHANNELS, AudioVAEConfig
 from ..errors import LTX25Error
 from ..files.assets import Kind, expect_kind, read_state_dict
 from ..files.config import config_field
-from ..files.keymap import Drop, KeyMap, Rename, load_strict
+from ..files.keymap import Drop, KeyMap, Rename, check_unread, load_strict
 from ..geometry import audio_latent_frames
 from ..stop_points import checked_before
 from .mel import log_mel, mel_frames, resample
-from .video_encoder import check_unread
 
 READ_PREFIXES = ("audio_vae.encoder.", "audio_vae.per_channel_statistics.")
 KEY_MAP = KeyMap(
@@ -84,7 +83,7 @@ def load_audio_encoder(path: str, dtype: torch.dtype | None = None) -> AudioEnco
         raise LTX25Error(info.path, "the encoder tensors (audio_vae.encoder.*)", "absent", "the audio VAE's encoder",
                          "This copy of the file was stripped to its decoder; use the official file.")
     config, n_fft = encoder_settings(info.path, info.header.metadata)
-    check_unread(info, READ_PREFIXES, KEY_MAP)
+    check_unread(info.path, info.header.tensors, READ_PREFIXES, KEY_MAP)
     return load_strict(info.path, lambda: AudioEncoder(config, n_fft),
                        read_state_dict(info.path, prefixes=READ_PREFIXES), KEY_MAP, dtype)
 

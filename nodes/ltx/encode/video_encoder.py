@@ -26,9 +26,9 @@ from ..decode.conv_vae import _block_params
 from ..decode.tiling import TilingRequest, blend_weights
 from ..device_memory import free_bytes, weight_bytes
 from ..errors import LTX25Error
-from ..files.assets import AssetInfo, Kind, expect_kind, read_state_dict
+from ..files.assets import Kind, expect_kind, read_state_dict
 from ..files.config import config_field
-from ..files.keymap import Drop, KeyMap, Rename, load_strict
+from ..files.keymap import Drop, KeyMap, Rename, check_unread, load_strict
 from ..geometry import SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION, VIDEO_CHANNELS, latent_frames
 from ..latents import normalize_video
 from ..stop_points import checked_before
@@ -166,15 +166,6 @@ class VideoEncoder(torch.nn.Module):
         self.register_buffer("latents_std", torch.ones(config.latent_channels))
 
 
-def check_unread(info: AssetInfo, prefixes: tuple[str, ...], key_map: KeyMap) -> None:
-    """A loader that reads only `prefixes` of a file still accounts for the rest: each is on the drop list."""
-    unaccounted = [k for k in info.header.tensors if not k.startswith(prefixes) and key_map.drop_reason(k) is None]
-    if unaccounted:
-        raise LTX25Error(info.path, f"tensors outside {', '.join(p + '*' for p in prefixes)}",
-                         ", ".join(sorted(unaccounted)[:5]), f"only those the {key_map.name} drops by name",
-                         "The file is from another model or damaged.")
-
-
 def load_video_encoder(path: str, dtype: torch.dtype | None = None) -> VideoEncoder:
     """Conv-VAE or diffusion-VAE file → `VideoEncoder` (eval, no grad), strictly: every `encoder.*` tensor and both
     statistics used, the decoder's tensors dropped by name. `dtype` casts the weights (None: as stored)."""
@@ -183,7 +174,7 @@ def load_video_encoder(path: str, dtype: torch.dtype | None = None) -> VideoEnco
         raise LTX25Error(info.path, "the encoder tensors (encoder.*)", "absent", "the bundled conv encoder",
                          "This copy of the file was stripped to its decoder; use the official file.")
     config = VideoEncoderConfig.from_metadata(info.path, info.header.metadata, nested=info.kind is Kind.DIFFUSION_VAE)
-    check_unread(info, READ_PREFIXES, KEY_MAP)
+    check_unread(info.path, info.header.tensors, READ_PREFIXES, KEY_MAP)
     return load_strict(info.path, lambda: VideoEncoder(config, info.model_version),
                        read_state_dict(info.path, prefixes=READ_PREFIXES), KEY_MAP, dtype)
 

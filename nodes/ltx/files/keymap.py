@@ -161,6 +161,15 @@ def check_coverage(where: object, key_map: KeyMap, module: torch.nn.Module, mapp
                          "The file's config and its tensors disagree.")
 
 
+def check_unread(where: object, file_keys: Iterable[str], prefixes: tuple[str, ...], key_map: KeyMap) -> None:
+    """A loader that reads only the keys under `prefixes` still accounts for the file's others: each must be on
+    `key_map`'s drop list (another component's tensors, dropped by name), else the file is refused naming them."""
+    unaccounted = [k for k in file_keys if not k.startswith(prefixes) and key_map.drop_reason(k) is None]
+    if unaccounted:
+        raise LTX25Error(where, f"tensors outside {', '.join(p + '*' for p in prefixes)}", _first(unaccounted),
+                         f"only those the {key_map.name} drops by name", "The file is from another model or damaged.")
+
+
 def load_strict(where: object, build: Callable[[], torch.nn.Module], native: Mapping[str, torch.Tensor],
                 key_map: KeyMap, dtype: torch.dtype | None = None,
                 init_buffers: Callable[[torch.nn.Module], None] | None = None) -> torch.nn.Module:
