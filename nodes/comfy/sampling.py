@@ -17,8 +17,8 @@ LATENT_PAIR_TOOLTIPS = ("Video latent [B,128,F',H/32,W/32] (normalized), with it
                         "Audio latent [B,8,T,16], with its frame_rate.")
 ACCELERATION_TOOLTIP = (
     "How each step's transformer forward runs. auto: cuda_graph on a CUDA GPU, eager elsewhere. eager: kernel by "
-    "kernel. cuda_graph: the same kernels replayed from one CUDA graph per latent shape (captured on first use), "
-    "bit-identical to eager. compile_cuda_graph: the repeated blocks compiled with torch.compile, cuDNN attention, "
+    "kernel. cuda_graph: the forward replayed from one CUDA graph per latent shape (captured on first use); it "
+    "equals eager up to bf16 rounding. compile_cuda_graph: the repeated blocks compiled with torch.compile, cuDNN attention, "
     "then graphed; the fastest, but its first use in a process compiles (the compiled code is kept on disk for "
     "later starts; a new shape then only captures its graph) and it differs from eager by bf16 rounding. Graph modes "
     "need CUDA. Speeds: docs/PERFORMANCE.md.")

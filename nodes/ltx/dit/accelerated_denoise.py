@@ -3,7 +3,9 @@ CUDA graph per latent shape and/or its transformer blocks compiled (diffusers' r
 
 The modes (`bench/bench_transformer.py` runs these same denoisers; their speeds are in docs/PERFORMANCE.md):
 - eager: kernel by kernel; at the half-size stage 1 the step is bound by kernel launches, not by the math;
-- cuda_graph: the same kernels replayed from a graph, so bit-identical to eager;
+- cuda_graph: the forward replayed from a graph. It was bit-identical to eager when first measured; at the real
+  shapes on the H200 it now differs by up to 0.096 in x0 (bench/bench_guides.py, t2v too), most likely a different
+  kernel choice under capture (attention backend or cuBLAS algorithm) — not yet explained;
 - compile_cuda_graph: the repeated blocks compiled, cuDNN attention, then graphed; the fastest, after a compilation
   on first use; x0 moves by bf16 rounding (about as much as diffusers' forward differs from ours).
 
