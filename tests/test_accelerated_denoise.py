@@ -16,6 +16,7 @@ from nodes.comfy.sampling import LTX25DistilledSampler, LTX25EmptyLatent
 
 VIDEO, AUDIO = (1, 128, 3, 2, 2), (1, 8, 5, 16)
 VIDEO2 = (1, 128, 3, 4, 4)   # a second shape (stage 2 doubles H and W)
+VIDEO3 = (1, 128, 2, 3, 5)   # a third (a new resolution and frame count)
 
 
 def latents(shape=VIDEO, seed: int = 0):
@@ -112,14 +113,14 @@ def test_moved_weights_drop_the_graphs(transformer, recorded):
 
 
 # ---------------------------------------------------------------------------------------------------- compile
-def test_compile_mode_compiles_once_for_every_shape_and_eager_stays_eager(transformer_path, monkeypatch, tmp_path):
+def test_compile_mode_compiles_once_per_model_and_eager_stays_eager(transformer_path, monkeypatch, tmp_path):
     """'compile' runs `compile_repeated_blocks(**COMPILE_OPTIONS)` once per model, after the compile caches point at
-    the pack's folder, and gives eager's x0; a second latent shape (stage 2 after stage 1, or a new resolution) and
-    the first shape again run without a single new graph (Dynamo compiled the blocks with symbolic token counts);
-    a later eager denoiser on the same model runs the plain blocks again. A counting Dynamo backend that runs the
-    traced graph eagerly stands in for Inductor, whose cold C++ build takes ~30 s on 2 cores (Inductor measured
-    here by hand: max |Δx0| 2.4e-7 in float32). Fails with Dynamo's default (static first, recompiled at the
-    second shape) or if the caches are set after the compile starts."""
+    the pack's folder, and gives eager's x0. Dynamo's automatic dynamic shapes: the first shape traces static, the
+    second (stage 2) traces once more with the token counts symbolic, and then the first shape again and a third
+    shape (a new resolution) run without a single new graph; a later eager denoiser on the same model runs the plain
+    blocks again. A counting Dynamo backend that runs the traced graph eagerly stands in for Inductor, whose cold C++
+    build takes ~30 s on 2 cores (Inductor measured here by hand: max |Δx0| 2.4e-7 in float32). Fails if a new
+    shape recompiles after the second or if the caches are set after the compile starts."""
     from nodes.ltx import compile_cache
     monkeypatch.setattr(compile_cache, "_applied", None)
     monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
@@ -147,11 +148,14 @@ def test_compile_mode_compiles_once_for_every_shape_and_eager_stays_eager(transf
         traced = len(graphs)
         A.make_denoiser(transformer, cond, 24.0, "compile")(video, audio, 0.725)
         A.make_denoiser(transformer, cond, 24.0, "compile")(*latents(VIDEO2, 1), 0.725)
+        after_second = len(graphs)
         A.make_denoiser(transformer, cond, 24.0, "compile")(video, audio, 0.5)
+        A.make_denoiser(transformer, cond, 24.0, "compile")(*latents(VIDEO3, 2), 0.725)
         assert [c[0] for c in calls] == [A.COMPILE_OPTIONS], f"compiled {len(calls)} times"
         assert calls[0][1:] == (str(tmp_path / "inductor"), str(tmp_path / "triton")), \
             f"cache folders when the compile started: {calls[0][1:]}"
-        assert traced > 0 and len(graphs) == traced, f"{len(graphs) - traced} graphs compiled again for a new shape"
+        assert traced > 0 and len(graphs) == after_second, \
+            f"{len(graphs) - after_second} graphs compiled again for a shape after the second"
         assert all(b._compiled_call_impl is not None for b in blocks), "compile mode ran uncompiled blocks"
         assert max_diff(got, want) < 1e-5, f"max diff {max_diff(got, want)}"
         again = A.make_denoiser(transformer, cond, 24.0, "eager")(video, audio, 0.725)

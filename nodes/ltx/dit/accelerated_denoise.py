@@ -9,12 +9,15 @@ The modes (`bench/bench_transformer.py` runs these same denoisers; their speeds 
 - compile_cuda_graph: the repeated blocks compiled, cuDNN attention, then graphed; the fastest, after a compilation
   on first use; x0 moves by bf16 rounding (about as much as diffusers' forward differs from ours).
 
-Compilation (`COMPILE_OPTIONS`): the blocks are compiled once per process with their token counts symbolic
-(`dynamic=True`), so stage 2 (four times stage 1's tokens) and every later resolution or frame count reuse the same
-compiled code and only capture a CUDA graph. Left to Dynamo's default, the first shape compiles static and the second
-compiles everything again, dynamic. What Inductor and Triton compile is kept on disk (compile_cache.py), so a new
-process re-traces the blocks but takes their generated code and kernels from there. The denoiser says on the node
-(`notify`) when a call is about to compile or capture, since those calls take seconds instead of a fraction of one.
+Compilation (`COMPILE_OPTIONS`): the blocks are compiled once per model with Dynamo's default, automatic dynamic
+shapes: the first shape (stage 1) compiles static; the second (stage 2) compiles once more, marking only what changed
+— the token counts — symbolic; every later resolution or frame count reuses that code and only captures a CUDA
+graph. `dynamic=True` (everything symbolic from the start, one compilation) was measured on the H200 and rejected:
+stage 1 0.114 and stage 2 0.417 s/step against 0.095 / 0.350 static, and its first compilation took 52 s against
+17 + 12 s (docs/PERFORMANCE.md, cold start). What Inductor and Triton compile is kept on disk (compile_cache.py), so
+a new process re-traces the blocks but takes their generated code and kernels from there. The denoiser says on the
+node (`notify`) when a call is about to compile or capture, since those calls take seconds instead of a fraction of
+one.
 
 Graphs: one per (latent shapes, fps, context shapes, timestep shapes, weights' dtype/device, mode), cached on the
 model object (so they go when it is garbage-collected). Inputs are copied into static buffers every call — latent
@@ -63,9 +66,9 @@ MODES = {
 ACCELERATIONS = ("auto", "eager", "cuda_graph", "compile_cuda_graph")  # the sampler node's choices
 WARMUP_CALLS = 2   # before a capture: allocator, cuBLAS handles, lazy inits and (compile) the compilation itself
 MAX_GRAPHS = 8     # per model; beyond it the cache starts over (a two-stage workflow uses two shapes)
-# `compile_repeated_blocks` → `torch.compile` options. dynamic=True: one compilation serves every token count (see
-# the module docstring); fullgraph=False: diffusers' attention dispatch may break the graph, which is allowed.
-COMPILE_OPTIONS = {"fullgraph": False, "dynamic": True}
+# `compile_repeated_blocks` → `torch.compile` options. No `dynamic`: Dynamo's automatic dynamic shapes (module
+# docstring); fullgraph=False: diffusers' attention dispatch may break the graph, which is allowed.
+COMPILE_OPTIONS = {"fullgraph": False}
 
 
 def resolve_mode(mode: str, device: torch.device) -> str:
