@@ -1,6 +1,6 @@
-"""Noise layouts of the distilled and the guided (dev) samplers (docs/MODEL.md §7): 'comfy' draws each seed's numbers in the latent's own
-shape (ComfyUI core's noise), 'reference' draws the same sequence on the patchified tokens (ltx-pipelines' noise).
-A fake denoiser stands in for the DiT."""
+"""Noise layouts of the distilled and the guided (dev) samplers (docs/MODEL.md §7): 'comfy' draws each seed's
+numbers in the latent's own shape (ComfyUI core's noise), 'reference' draws the same sequence on the patchified
+tokens (ltx-pipelines' noise). A fake denoiser stands in for the DiT."""
 from __future__ import annotations
 
 import pytest
