@@ -148,7 +148,10 @@ def test_loras_on_a_transformer_kept_quantized_equal_the_dequantized_model_merge
     got = _x0(_with_loras(handle, tmp_path).ready())
     want = _x0(_hand_merged(T.load_transformer(path, torch.float32), LORAS))
     assert _relative(got, want) < 1e-5, f"{variant}: {_relative(got, want):.2e}"
-    assert len(lora_linear.patched_layers(module)) == len(tiny_lora.tiny_lora_factors(1, RANK))
+    layers = [module.get_submodule(name) for name in lora_linear.patched_layers(module)]
+    assert len(layers) == len(tiny_lora.tiny_lora_factors(1, RANK))
+    # in the activations' dtype, also for the quantized FF Linears that have no bias to tell it
+    assert {m.lora_up.dtype for m in layers} == {torch.float32} and any(m.bias is None for m in layers)
     state = module.state_dict()
     assert all(state[k].data_ptr() == ptr and torch.equal(state[k], t) for k, (ptr, t) in stored.items())
     assert not vars(module)["_ltx25_patch_state"]["backup"]
@@ -240,6 +243,24 @@ def test_a_change_of_loras_drops_the_captured_graphs(transformer_path, tmp_path)
     assert accelerated_denoise.graph_cache(module) is cache and released == [module]
     second.ready()
     assert accelerated_denoise.graph_cache(module) is not cache and released == [module, module]
+
+
+def test_the_graph_signature_sees_other_ranks_at_the_same_addresses(handle, tmp_path):
+    """A caching allocator may put a new view's factors exactly where the last view's were: with other ranks a
+    replay would read the wrong extents. The signature holds each tensor's shape beside its address (a narrower
+    view of the same memory changes it) and the installed set's token (a new set with every buffer in place
+    changes it)."""
+    module = _with_loras(handle, tmp_path, LORAS[:1]).ready()
+    layer = module.get_submodule(lora_linear.patched_layers(module)[0])
+    before = accelerated_denoise._weights_signature(module)
+    down, up = layer.lora_down, layer.lora_up
+    layer.lora_down, layer.lora_up = down[:2], up[:, :2]  # the same first addresses, rank 2
+    assert layer.lora_down.data_ptr() == down.data_ptr()
+    assert accelerated_denoise._weights_signature(module) != before
+    layer.lora_down, layer.lora_up = down, up
+    assert accelerated_denoise._weights_signature(module) == before
+    vars(module)["_ltx25_low_rank"] = object()
+    assert accelerated_denoise._weights_signature(module) != before
 
 
 # ---------------------------------------------------------------------------------------------------- streaming
