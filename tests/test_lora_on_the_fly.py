@@ -263,6 +263,30 @@ def test_the_graph_signature_sees_other_ranks_at_the_same_addresses(handle, tmp_
     assert accelerated_denoise._weights_signature(module) != before
 
 
+def test_loras_installed_after_the_blocks_were_compiled_reach_the_compiled_code(handle, tmp_path, monkeypatch):
+    """torch.compile does not guard on hooks: a LoRA hook added to a layer after its block was compiled would never
+    run. Compiling hooks every Linear first, so a view with LoRAs installed later, then the base view again, give
+    eager's x0 through the compiled blocks (dynamo's `eager` backend stands in for inductor, as in
+    test_accelerated_denoise)."""
+    from nodes.ltx import compile_cache
+    monkeypatch.setattr(compile_cache, "_applied", None)
+    monkeypatch.setenv(compile_cache.ENV, compile_cache.OFF)  # nothing is written: the eager backend compiles nothing
+    module = handle.module
+    original = module.dit.compile_repeated_blocks
+    monkeypatch.setattr(module.dit, "compile_repeated_blocks", lambda **kw: original(**kw, backend="eager"))
+    view = _with_loras(handle, tmp_path, LORAS[:1])
+    video, audio, cond = _inputs()
+    try:
+        for current in (handle, view, handle):
+            got = accelerated_denoise.make_denoiser(current.ready(), cond, 24.0, "compile")(video, audio, 0.6)
+            want = accelerated_denoise.make_denoiser(current.ready(), cond, 24.0, "eager")(video, audio, 0.6)
+            assert _relative(got, want) < 1e-5, f"compiled vs eager: {_relative(got, want):.2e}"
+        assert _relative(_x0(view.ready()), _x0(handle.ready())) > 1e-3
+    finally:
+        torch._dynamo.reset()
+        accelerated_denoise._set_compiled(module, False)
+
+
 # ---------------------------------------------------------------------------------------------------- streaming
 @pytest.mark.parametrize("apply", ["on_the_fly", "merged"])
 def test_streamed_blocks_with_loras_equal_the_resident_model_exactly(deep_transformer, apply):

@@ -36,7 +36,7 @@ import torch
 from .. import compat, compile_cache
 from ..errors import LTX25Error
 from ..geometry import pixel_shape
-from ..kernels.lora_linear import token_of as low_rank_token
+from ..kernels.lora_linear import hook_layers, token_of as low_rank_token
 from ..streaming import is_streaming
 from .guides import GuidedStage
 from .positions import patchify_audio, patchify_video
@@ -142,6 +142,7 @@ def _set_compiled(model: torch.nn.Module, on: bool) -> None:
         if not on:
             return
         compile_cache.ensure_applied()  # torch reads the cache folders when it first compiles: set them before
+        hook_layers(model.dit)  # LoRAs applied on the fly later must be traced (kernels/lora_linear.py)
         model.dit.compile_repeated_blocks(**COMPILE_OPTIONS)
         compiled = model._ltx25_compiled = compat.compiled_calls(model.dit)
     for module, impl in compiled:

@@ -12,9 +12,12 @@ moves it with the weight and `state_dict()` never shows it: `.to()`, the standal
 loading and weight streaming (streaming.py streams every tensor a block owns, through the same slots):
     lora_down [R, in]   the LoRAs' down factors stacked (R = the sum of their ranks), in the layer's compute dtype
     lora_up   [out, R]  the up factors side by side, each scaled by its LoRA's strength·alpha/rank
-A forward hook, registered once per layer and then kept (torch.compile guards on a module's hooks, so adding or
-removing hooks between calls would recompile), adds `up·(down·x)` when the buffers are there and does nothing when
-they are not: a LoRA at strength 0 installs nothing, so the output is the base model's bit for bit.
+A forward hook, registered once per layer and then kept, adds `up·(down·x)` when the buffers are there and does
+nothing when they are not: a LoRA at strength 0 installs nothing, so the output is the base model's bit for bit.
+torch.compile does not guard on hooks (`torch._dynamo.config.skip_nnmodule_hook_guards`): a hook added after a block
+was compiled is never run by the compiled code, even if the block is compiled again. It does guard on the buffers
+the hook reads (their presence, shapes and dtypes). So a model about to be compiled gets the hook on every Linear
+first (`hook_layers`), and installing or changing LoRAs afterwards only changes buffers.
 
 Cost per forward: two GEMMs per patched layer, `2·N·R·(in + out)` FLOPs beside the layer's own `2·N·in·out`, i.e.
 a fraction `R·(1/in + 1/out)` (about 22% for rank 450 on a 4096×4096 projection); a merge instead costs
@@ -88,14 +91,26 @@ def _factors_of(key: str, module: nn.Module, entries: Sequence[tuple[float, Lora
     return down.contiguous(), up.contiguous()
 
 
+def _hook(module: nn.Module) -> None:
+    if not getattr(module, "_ltx25_low_rank_hooked", False):
+        module.register_forward_hook(_add_low_rank)
+        module._ltx25_low_rank_hooked = True
+
+
+def hook_layers(model: nn.Module) -> None:
+    """Give every Linear of `model` the (idle) low-rank hook now: call it before torch.compile traces the model, so
+    LoRAs installed later are seen by the compiled code (see the module docstring)."""
+    for module in model.modules():
+        if is_linear(module):
+            _hook(module)
+
+
 def _set(module: nn.Module, factors: tuple[torch.Tensor, torch.Tensor] | None) -> None:
     if factors is None:
         module._buffers.pop(DOWN, None)
         module._buffers.pop(UP, None)
         return
-    if not getattr(module, "_ltx25_low_rank_hooked", False):
-        module.register_forward_hook(_add_low_rank)
-        module._ltx25_low_rank_hooked = True
+    _hook(module)
     module.register_buffer(DOWN, factors[0], persistent=False)
     module.register_buffer(UP, factors[1], persistent=False)
 
