@@ -229,6 +229,29 @@ def test_merged_views_back_up_each_weight_once_and_only_while_merged(handle, tmp
     assert not backup
 
 
+def test_pinned_host_copies_serve_as_merge_backups_and_leave_with_removed_factors(handle, tmp_path):
+    """With pinned host copies of the placed tensors (streaming.place keep_host; recorded by hand here, the CPU has
+    no pinned memory): a weight merged for the first time takes its host copy as the backup instead of a new host
+    copy, and factors a view change removes lose theirs, which would otherwise keep them (and their device memory)
+    alive."""
+    merged = _with_loras(handle, tmp_path, LORAS[:1], apply="merged")
+    on_the_fly = _with_loras(handle, tmp_path, LORAS[1:])
+    module = handle.ready()
+    copies = vars(module).setdefault("_ltx25_host_copies", {})
+    state = module.state_dict(keep_vars=True)
+    key = next(iter(tiny_lora.tiny_lora_factors(1, RANK)))
+    host = state[key].detach().clone()
+    copies[id(state[key])] = (state[key], host)
+    merged.ready()
+    assert vars(module)["_ltx25_patch_state"]["backup"][key] is host and id(state[key]) not in copies
+    on_the_fly.ready()
+    layer = module.get_submodule(lora_linear.patched_layers(module)[0])
+    factors = [layer.lora_down, layer.lora_up]
+    copies.update({id(t): (t, t.clone()) for t in factors})
+    handle.ready()
+    assert not any(id(t) in copies for t in factors) and not lora_linear.patched_layers(module)
+
+
 def test_a_change_of_loras_drops_the_captured_graphs(transformer_path, tmp_path):
     """Graphs replay fixed addresses with the shapes they were captured with: a view with other on-the-fly LoRAs
     gets a new graph cache (and the model's release hook runs), the same view again keeps it."""
