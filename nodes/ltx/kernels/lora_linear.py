@@ -7,7 +7,7 @@ so a LoRA works on weights kept quantized (NVFP4, FP8, int8-convrot: nothing is 
 branches with different LoRAs share one copy of the weights, and removing a LoRA restores nothing because nothing
 was changed.
 
-The update lives on the Linear as three non-persistent buffers, so every mechanism that moves a module's tensors
+The update lives on the Linear as two non-persistent buffers, so every mechanism that moves a module's tensors
 moves it with the weight and `state_dict()` never shows it: `.to()`, the standalone placement, ComfyUI's per-module
 loading and weight streaming (streaming.py streams every tensor a block owns, through the same slots):
     lora_down [R, in]   the LoRAs' down factors stacked (R = the sum of their ranks), in the layer's compute dtype
@@ -84,8 +84,8 @@ def _factors_of(key: str, module: nn.Module, entries: Sequence[tuple[float, Lora
         if tuple(factors.shape) != shape:
             raise LTX25Error(key, "the LoRA's shape (out, in)", tuple(factors.shape), shape)
     device, dtype = module.weight.device, compute_dtype(module, model_dtype)
-    down = torch.cat([f.down.to(device, dtype) for _, f in live]) if len(live) > 1 else live[0][1].down.to(device,
-                                                                                                         dtype)
+    downs = [f.down.to(device, dtype) for _, f in live]
+    down = downs[0] if len(downs) == 1 else torch.cat(downs)
     # strength·alpha/rank folded into up in float32, one rounding to the compute dtype
     up = torch.cat([f.up.to(device, torch.float32) * (s * f.scale) for s, f in live], dim=1).to(dtype)
     return down.contiguous(), up.contiguous()
