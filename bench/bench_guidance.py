@@ -80,7 +80,7 @@ def lora_costs(model, device, rank: int, tokens: tuple[int, int]) -> dict:
             lora_flops += 2 * n * rank * (in_f + out_f)
             base_flops += 2 * n * in_f * out_f
     base = Loaded(model, bridge.make_patcher(model), None)
-    patched = base.with_weight_deltas(factors, 1.0)
+    patched = base.with_weight_deltas(factors, 1.0, "merged")
     base.ready()
     sync(device)
     start = time.perf_counter()

@@ -1,6 +1,8 @@
-"""LoRAs inside a real ComfyUI (tests/comfyui_lora_driver.py, run with COMFYUI_PYTHON): the pack hands ComfyUI's
-ModelPatcher ComfyUI's own LoRA adapters, whose patched weights equal a merge by hand, and the unpatched handle gets
-every weight back bit for bit. Runs only when COMFYUI_PATH names a ComfyUI checkout; see docs/COMFYUI_TESTS.md."""
+"""LoRAs inside a real ComfyUI (tests/comfyui_lora_driver.py, run with COMFYUI_PYTHON): merged, the pack hands
+ComfyUI's ModelPatcher ComfyUI's own LoRA adapters, whose patched weights equal a merge by hand; on the fly, the
+factors ride on the patcher as an attachment, the weights stay untouched and the x0 equals the hand-merged model's;
+either way the unpatched handle gets every weight back bit for bit. Runs only when COMFYUI_PATH names a ComfyUI
+checkout; see docs/COMFYUI_TESTS.md."""
 from __future__ import annotations
 
 import json
@@ -12,10 +14,13 @@ import comfyui_harness as h
 pytestmark = h.requires_comfyui
 
 
-def test_comfyui_applies_its_own_lora_adapters_as_a_hand_merge(tmp_path, transformer_path):
-    """Two stacked LoRAs (kohya spelling with alpha 2 at 0.7, PEFT at −0.4) on the tiny transformer: the patch
-    values are `comfy.weight_adapter.LoRAAdapter`s (never dense deltas), the weights ComfyUI loads equal
-    W + Σ strength·alpha/rank·up@down, and loading the unpatched handle restores them exactly."""
+def test_comfyui_applies_loras_merged_with_its_own_adapters_and_on_the_fly_beside_the_layers(tmp_path,
+                                                                                              transformer_path):
+    """Two stacked LoRAs (kohya spelling with alpha 2 at 0.7, PEFT at −0.4) on the tiny transformer, through a
+    ComfyUI clone of the patched handle. Merged: the patch values are `comfy.weight_adapter.LoRAAdapter`s (never
+    dense deltas) and the weights ComfyUI loads equal W + Σ strength·alpha/rank·up@down. On the fly: no weight
+    patch at all, every LoRA layer carries its factors after ComfyUI's load, the weights stay untouched and the x0
+    equals the hand-merged model's. Loading the unpatched handle restores weights and x0 exactly after both."""
     report_path = tmp_path / "report.json"
     cmd = [h.comfyui_python(), os.path.join(h.PACK_ROOT, "tests", "comfyui_lora_driver.py"),
            "--comfyui", h.comfyui_path(), "--pack", h.PACK_ROOT, "--transformer", transformer_path,
@@ -23,5 +28,9 @@ def test_comfyui_applies_its_own_lora_adapters_as_a_hand_merge(tmp_path, transfo
     result = subprocess.run(cmd, cwd=str(tmp_path), env=h.child_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and report_path.exists(), (result.stdout + result.stderr)[-4000:]
     report = json.loads(report_path.read_text())
-    assert report["comfy"] and report["patch_types"] == ["LoRAAdapter"], report
-    assert report["max_relative_diff"] < 1e-6 and report["restored"], report
+    merged, on_the_fly = report["merged"], report["on_the_fly"]
+    assert report["comfy"] and merged["patch_types"] == ["LoRAAdapter"] and merged["low_rank_layers"] == 0, report
+    assert merged["weights_relative_diff"] < 1e-6 and merged["x0_relative_diff"] < 1e-5 and merged["restored"], report
+    assert on_the_fly["patch_types"] == [] and on_the_fly["low_rank_layers"] == report["lora_layers"], report
+    assert on_the_fly["weights_untouched"] and on_the_fly["x0_relative_diff"] < 1e-5, report
+    assert on_the_fly["restored"], report

@@ -103,9 +103,10 @@ def test_a_small_vram_budget_streams_the_blocks_with_the_same_output(deep_transf
 
 
 @pytest.mark.parametrize("variant", ["fp8", "int8-convrot"])
-def test_patches_on_a_quantized_weight_are_refused(transformer_path, tmp_path, variant):
-    """A model loaded 'as stored' keeps packed weights: a delta added to one and cast back to its storage would be
-    silently wrong, so the handle refuses it and says to load a float model."""
+def test_dense_patches_on_a_quantized_weight_are_refused(transformer_path, tmp_path, variant):
+    """A model loaded 'as stored' keeps packed weights: a dense delta added to one and cast back to its storage
+    would be silently wrong, so the handle refuses it and says to load a float model (LoRA factors go on the fly:
+    tests/test_lora_on_the_fly.py)."""
     from nodes.tools.tiny.quantized import write_tiny_transformer
     path = write_tiny_transformer(transformer_path, str(tmp_path / f"{variant}.safetensors"), variant)
     handle = Loaded.register(T.load_transformer(path, None), inspect_asset(path))

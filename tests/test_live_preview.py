@@ -1,6 +1,7 @@
-"""Live previews while sampling (issue 21 item 7): the engine hands each step's x0 video latent to an optional
-callback without changing what it samples, and the bridge turns it into a preview image on ComfyUI's progress bar
-(faked here; the real previewer is exercised in the real-ComfyUI tier) and ignores it headless."""
+"""Live previews while sampling (issue 21 item 7), in the distilled and the guided (dev) sampler: the engine hands
+each step's x0 video latent to an optional callback without changing what it samples, and the bridge turns it into
+a preview image on ComfyUI's progress bar (faked here; the real previewer is exercised in the real-ComfyUI tier) and
+ignores it headless."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -117,4 +118,64 @@ def test_sampler_node_hands_each_steps_x0_to_a_preview_callback(monkeypatch):
     zeros_v, zeros_a = video["samples"], audio["samples"]
     want = sampling.sample_stage(lambda v, a, s: fake_denoise(v, a, s), zeros_v, zeros_a, sampling.DISTILLED_SIGMAS,
                                  "euler_ancestral", 2, 1)
+    assert torch.equal(out[0]["samples"], want[0]) and torch.equal(out[1]["samples"], want[1])
+
+
+# ---------------------------------------------------------------------------------------------------- guided sampler
+def test_res2s_on_x0_gets_each_steps_latest_x0_and_outputs_are_unchanged():
+    """res_2s reports after each step the x0 of its second (midpoint) denoiser call, then the final call's x0 as one
+    more step (steps + 1 reports, as its progress total), each before on_step; latents equal a run without it."""
+    from nodes.ltx.dit import res2s
+    sigmas = (1.0, 0.6, 0.3, 0.0)
+    predictions, seen, order = [], [], []
+
+    def denoise(video, audio, sigma):
+        x0 = fake_denoise(video, audio, sigma)
+        predictions.append(x0[0].float().clone())
+        return x0
+
+    def on_x0(done, total, x0_video):
+        seen.append((done, total, x0_video.clone()))
+        order.append("x0")
+
+    zeros = torch.zeros(VIDEO), torch.zeros(AUDIO)
+    got = res2s.sample_res2s(denoise, *zeros, sigmas, 4, 1, on_step=lambda d, t: order.append("step"), on_x0=on_x0)
+    want = res2s.sample_res2s(fake_denoise, *zeros, sigmas, 4, 1)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert [(d, t) for d, t, _ in seen] == [(i, 4) for i in range(1, 5)]
+    assert len(predictions) == 7  # per step σ, then the midpoint; then the final x0
+    wanted = [*predictions[1:6:2], predictions[6]]
+    assert all(torch.equal(x0, p) for (_, _, x0), p in zip(seen, wanted))
+    assert order == ["x0", "step"] * 4
+
+
+@pytest.mark.parametrize("sampler, reports", [("euler", 3), ("res_2s", 4)])
+def test_guided_sampler_node_hands_each_steps_x0_to_a_preview_callback(monkeypatch, sampler, reports):
+    """The guided sampler node asks the bridge for a preview callback and feeds it each step's guided x0 video of
+    the sampled shape (res_2s: its final x0 too, matching its progress total); outputs equal the engine's own run."""
+    from nodes.comfy.guidance import LTX25GuidedSampler
+    from nodes.ltx.dit import dev_sampling
+    from nodes.ltx.dit.guidance import Guidance
+    video, audio = LTX25EmptyLatent().make(64, 64, 9, 24.0, 1, True)
+    model = SimpleNamespace(info=SimpleNamespace(name="ltx-2.5-dev.safetensors"), module=torch.nn.Linear(1, 1),
+                            ready=lambda memory: model.module)
+    real_sample, real_callback, calls = dev_sampling.sample_guided, bridge.step_callback, []
+    monkeypatch.setattr(dev_sampling, "sample_guided", lambda *a, **k: real_sample(*a, **k, denoise=fake_denoise))
+
+    def spy(total, label="ltx25", **options):
+        inner = real_callback(total, label, **options)
+
+        def on_step(done, total_now, *x0):
+            calls.append((options, done, total_now, tuple(x0[0].shape) if x0 else None))
+            inner(done, total_now, *x0)
+        return on_step
+
+    monkeypatch.setattr(bridge, "step_callback", spy)
+    guider = Guidance(SimpleNamespace(video=torch.zeros(1, 4, 8)))
+    out = LTX25GuidedSampler().sample(model, guider, video, audio, 2, 3, sampler, "4096 tokens", "1", "sequential",
+                                      "auto")
+    shape = tuple(video["samples"].shape)
+    assert calls == [({"preview_latent": True}, i, reports, shape) for i in range(1, reports + 1)]
+    want = real_sample(model.module, guider, video["samples"], audio["samples"], fps=24.0, seed=2,
+                       sigmas=dev_sampling.dev_sigmas(3), sampler=sampler, denoise=fake_denoise)
     assert torch.equal(out[0]["samples"], want[0]) and torch.equal(out[1]["samples"], want[1])

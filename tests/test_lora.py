@@ -1,7 +1,8 @@
 """LoRA files on the transformer handle (nodes/ltx/files/lora.py, nodes/comfy/lora.py, the standalone patcher):
 each key spelling equals a hand-merged model, LoRAs stack, strength 0 is the base model bit for bit, patches undo
-exactly, the patcher carries low-rank factors (no dense whole-model delta), and bad files are refused naming the
-file and the key."""
+exactly, the patcher carries low-rank factors (no dense whole-model delta), IC-LoRA files map every key and carry
+their reference scaling, and bad files are refused naming the file and the key. Applying LoRAs on the fly
+(quantized weights, streaming, branches) is tests/test_lora_on_the_fly.py's."""
 from __future__ import annotations
 
 import copy
@@ -14,12 +15,11 @@ from safetensors.torch import save_file
 from nodes.comfy import bridge
 from nodes.comfy.handles import Loaded
 from nodes.comfy.lora import LTX25LoraLoader
-from nodes.ltx import streaming
 from nodes.ltx.conditioning import Conditioning
 from nodes.ltx.dit import transformer as T
 from nodes.ltx.errors import LTX25Error
 from nodes.ltx.files.assets import inspect_asset
-from nodes.ltx.files.lora import LoraFactors, LoraTargets, read_lora
+from nodes.ltx.files.lora import LoraFactors, LoraTargets, ReferenceScales, read_lora, read_lora_file
 from nodes.tools.tiny import lora as tiny_lora
 from nodes.tools.tiny.common import TINY_DIMS
 
@@ -30,8 +30,8 @@ SCALES = {"peft": 1.0, "diffusers": 1.0, "comfyui": ALPHA / RANK, "kohya": ALPHA
 def _inputs():
     g = torch.Generator().manual_seed(11)
     return (torch.randn(1, 128, 2, 2, 2, generator=g), torch.randn(1, 8, 9, 16, generator=g),
-            Conditioning(torch.randn(1, 1024, TINY_DIMS["video_inner"], generator=g),
-                         torch.randn(1, 1024, TINY_DIMS["audio_inner"], generator=g)))
+            Conditioning(torch.randn(1, 16, TINY_DIMS["video_inner"], generator=g),
+                         torch.randn(1, 16, TINY_DIMS["audio_inner"], generator=g)))
 
 
 def _x0(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,19 +65,20 @@ def _close(got, want) -> tuple[bool, float]:
     return worst < 1e-5, worst
 
 
-@pytest.mark.parametrize("style", tiny_lora.STYLES)
-def test_each_key_spelling_equals_a_hand_merged_model(handle, targets, tmp_path, style):
+@pytest.mark.parametrize("style, apply", [(style, "auto") for style in tiny_lora.STYLES] + [("kohya", "merged")])
+def test_each_key_spelling_equals_a_hand_merged_model(handle, targets, tmp_path, style, apply):
     """A LoRA in each spelling (peft lora_A/B under diffusion_model., comfyui lora_down/up + alpha under
-    model.diffusion_model., kohya lora_unet_ + alpha, diffusers transformer.) patches exactly the weights it names:
-    the patched handle's x0 equals a model merged by hand with W + strength·(alpha/rank)·up@down. Fails if a
-    spelling maps to the wrong weight, if alpha is ignored or applied to PEFT files, or if up/down are swapped."""
+    model.diffusion_model., kohya lora_unet_ + alpha, diffusers transformer.) patches exactly the weights it names,
+    applied on the fly (auto) or merged: the patched handle's x0 equals a model merged by hand with
+    W + strength·(alpha/rank)·up@down. Fails if a spelling maps to the wrong weight, if alpha is ignored or applied
+    to PEFT files, or if up/down are swapped."""
     path = tiny_lora.write_tiny_lora(str(tmp_path / f"{style}.safetensors"), style, seed=3, rank=RANK, alpha=ALPHA)
     patches = read_lora(path, targets)
     factors = tiny_lora.tiny_lora_factors(seed=3, rank=RANK)
     assert set(patches) == set(factors) and all(isinstance(p, LoraFactors) for p in patches.values())
     base = _x0(handle.ready())
     want = _x0(_hand_merged(handle.module, (factors, 0.7, SCALES[style])))
-    got = _x0(handle.with_weight_deltas(patches, strength=0.7).ready())
+    got = _x0(handle.with_weight_deltas(patches, strength=0.7, apply=apply).ready())
     ok, worst = _close(got, want)
     assert ok, f"{style}: relative difference {worst:.2e}"
     assert max((a - b).abs().max().item() for a, b in zip(got, base)) > 1e-3, "the LoRA changed nothing"
@@ -114,14 +115,20 @@ def test_strength_zero_is_the_base_model_bit_for_bit(handle, targets, tiny_model
 
 
 def test_the_node_reads_the_loras_folder_and_keeps_the_factors_low_rank(handle, tiny_models):
-    """LTX-2.5 Load LoRA lists models/loras/, patches a clone (the input handle stays unpatched) and hands the
-    patcher low-rank factors: no patch value holds a dense [out, in] delta."""
+    """LTX-2.5 Load LoRA lists models/loras/ and patches a clone (the input handle stays unpatched) with low-rank
+    factors, never a dense [out, in] delta: by default applied on the fly (no weight patch at all), with
+    apply=merged as the patcher's weight patches."""
     name = os.path.basename(tiny_lora.write_tiny_dev_files(tiny_models)["distilled_lora"])
     assert name in LTX25LoraLoader.INPUT_TYPES()["required"]["lora_file"][0]
     patched = LTX25LoraLoader().apply(handle, name, 1.0)[0]
     assert patched is not handle and patched.module is handle.module and not handle.patcher.patches
-    values = [value for entries in patched.patcher.patches.values() for _strength, value in entries]
+    assert not bridge.low_rank_of(handle.patcher).updates and not patched.patcher.patches
+    values = [value for entries in bridge.low_rank_of(patched.patcher).updates.values() for _s, value in entries]
     assert values and all(isinstance(v, LoraFactors) and v.rank == 4 for v in values)
+    merged = LTX25LoraLoader().apply(handle, name, 1.0, apply="merged")[0]
+    values = [value for entries in merged.patcher.patches.values() for _strength, value in entries]
+    assert values and all(isinstance(v, LoraFactors) and v.rank == 4 for v in values)
+    assert not bridge.low_rank_of(merged.patcher).updates
 
 
 def test_weight_patch_hands_the_standalone_patcher_the_factors_and_dense_deltas_as_tuples():
@@ -167,20 +174,24 @@ def test_bad_lora_keys_are_refused_naming_the_file_and_the_key(targets, tmp_path
     assert path in str(info.value) and key in str(info.value), str(info.value)
 
 
-def test_a_quantized_target_is_refused_with_the_way_out(tmp_path):
-    """A weight kept quantized (U8/F8 storage) cannot be patched in place: the error names the key and says to
-    load the transformer dequantized."""
+def test_a_dense_delta_on_a_quantized_weight_is_refused_and_a_pair_is_accepted(tmp_path):
+    """A weight kept quantized (U8/F8 storage) takes LoRA pairs (applied on the fly, shape-checked against the
+    layer's [out, in]) but not a dense `.diff`, which would have to be added to the packed bytes: the error names
+    the key and says to load the transformer dequantized."""
     module = torch.nn.Module()
     module.dit = torch.nn.Module()
     module.dit.proj = torch.nn.Linear(8, 8)
-    module.dit.proj.weight = torch.nn.Parameter(torch.zeros(8, 8, dtype=torch.uint8), requires_grad=False)
+    module.dit.proj.weight = torch.nn.Parameter(torch.zeros(8, 4, dtype=torch.uint8), requires_grad=False)
     from nodes.ltx.files.keymap import KeyMap, Rename
     key_map = KeyMap("test", renames=(Rename("model.diffusion_model", "dit"),))
+    targets = LoraTargets.of(module, key_map)
     path = _write(tmp_path, {"diffusion_model.proj.lora_A.weight": torch.zeros(2, 8),
                              "diffusion_model.proj.lora_B.weight": torch.zeros(8, 2)})
+    assert read_lora(path, targets)["dit.proj.weight"].shape == (8, 8)
+    path = _write(tmp_path, {"diffusion_model.proj.diff": torch.zeros(8, 4)}, "diff.safetensors")
     with pytest.raises(LTX25Error, match="quantized") as info:
-        read_lora(path, LoraTargets.of(module, key_map))
-    assert "diffusion_model.proj.lora_A.weight" in str(info.value) and "bf16" in str(info.value)
+        read_lora(path, targets)
+    assert "diffusion_model.proj.diff" in str(info.value) and "bf16" in str(info.value)
 
 
 def test_dense_diffs_patch_weights_and_biases(handle, targets, tmp_path):
@@ -200,20 +211,81 @@ def test_dense_diffs_patch_weights_and_biases(handle, targets, tmp_path):
     handle.ready()
 
 
-def test_a_lora_patched_handle_streams_with_the_resident_output(deep_transformer, tmp_path):
-    """Patches are applied before placement: a LoRA'd handle loaded under a VRAM budget below its size (blocks
-    streamed from host memory) gives the resident LoRA'd handle's output bit for bit."""
-    model = copy.deepcopy(deep_transformer)
-    base = Loaded(model, bridge.make_patcher(model), None)
-    path = tiny_lora.write_tiny_lora(str(tmp_path / "l.safetensors"), "peft", seed=5)
-    patched = base.with_weight_deltas(read_lora(path, LoraTargets.of(model, T.KEY_MAP)), 0.9)
-    want = _x0(patched.ready())
-    bridge.unload_model(patched.patcher)
-    bridge.set_vram_budget_gb((bridge.module_bytes(model) - 1) / 2**30)
-    try:
-        got = _x0(patched.ready())
-        streamed = streaming.is_streaming(model)
-    finally:
-        bridge.set_vram_budget_gb(None)
-        bridge.unload_model(patched.patcher)
-    assert streamed and all(torch.equal(a, b) for a, b in zip(got, want))
+# ---------------------------------------------------------------------------------------------------- IC-LoRA files
+@pytest.mark.parametrize("variant", list(tiny_lora.IC_LORA_TARGETS))
+def test_ic_lora_files_map_every_key_onto_its_layer(targets, tmp_path, variant):
+    """An IC-LoRA as the LTX-2 trainer writes it for each of its IC configs (video, audio, and every attention of
+    both streams incl. the cross-modal ones): every file key is used (2 per patched layer), each pair lands on the
+    module the native name names (independently resolved through the key map) with its own tensors, and the
+    metadata gives the reference scaling."""
+    path = tiny_lora.write_tiny_ic_lora(str(tmp_path / f"{variant}.safetensors"), variant, seed=4)
+    tensors = tiny_lora.ic_lora_tensors(variant, seed=4)
+    lora = read_lora_file(path, targets)
+    assert 2 * len(lora.patches) == len(tensors) and lora.reference == ReferenceScales(2, 1)
+    for file_key, down in tensors.items():
+        if not file_key.endswith(".lora_A.weight"):
+            continue
+        native = "model." + file_key[: -len(".lora_A.weight")] + ".weight"
+        (module_key,), _dropped = T.KEY_MAP.apply({native: down})
+        factors = lora.patches[module_key]
+        assert torch.equal(factors.down, down.bfloat16()) and factors.alpha is None
+        assert torch.equal(factors.up, tensors[file_key.replace("lora_A", "lora_B")].bfloat16())
+
+
+def test_an_ic_lora_equals_a_hand_merged_model_and_the_handle_carries_its_scaling(handle, targets, tmp_path):
+    """The all-attention IC-LoRA through the node's path: x0 equals W + strength·up@down merged by hand (PEFT: no
+    alpha), and the handle carries the file's reference scaling (spatial 2, temporal 3) for the reference-video
+    conditioning; a plain LoRA stacked after it keeps it."""
+    path = tiny_lora.write_tiny_ic_lora(str(tmp_path / "ic.safetensors"), "av2av", seed=6, metadata={
+        "reference_downscale_factor": "2", "reference_temporal_scale_factor": "3"})
+    lora = read_lora_file(path, targets)
+    merged = copy.deepcopy(handle.module)
+    state = merged.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for key, factors in lora.patches.items():
+            state[key].add_(0.6 * factors.up.float() @ factors.down.float())
+    patched = handle.with_lora(lora, 0.6, name="ic.safetensors")
+    ok, worst = _close(_x0(patched.ready()), _x0(merged))
+    assert ok, f"relative difference {worst:.2e}"
+    assert patched.reference == ReferenceScales(2, 3) and handle.reference == ReferenceScales()
+    plain = tiny_lora.write_tiny_lora(str(tmp_path / "plain.safetensors"), "peft", seed=1)
+    assert patched.with_lora(read_lora_file(plain, targets), 0.5).reference == ReferenceScales(2, 3)
+
+
+@pytest.mark.parametrize("metadata, key, fragment", [
+    ({"reference_downscale_factor": "two"}, "reference_downscale_factor", "whole number"),
+    ({"reference_spatial_scale_factor": "0"}, "reference_spatial_scale_factor", "whole number"),
+    ({"reference_temporal_scale_factor": "1.5"}, "reference_temporal_scale_factor", "whole number"),
+    ({"reference_spatial_scale_factor": "2", "reference_downscale_factor": "4"}, "reference_downscale_factor",
+     "disagree"),
+    ({"hdr_transform": "logc3"}, "hdr_transform", "HDR"),
+    ({"use_hdr_transform": "true"}, "use_hdr_transform", "HDR"),
+])
+def test_ic_lora_metadata_the_pack_cannot_honour_is_refused_by_name(targets, tmp_path, metadata, key, fragment):
+    """Scales that are no whole number ≥ 1, the two spellings of the spatial scale disagreeing, and an HDR IC-LoRA
+    (whose output needs an HDR decode) are refused naming the file and the metadata key."""
+    path = tiny_lora.write_tiny_ic_lora(str(tmp_path / "ic.safetensors"), "v2v", metadata=metadata)
+    with pytest.raises(LTX25Error, match=fragment) as info:
+        read_lora_file(path, targets)
+    assert path in str(info.value) and key in str(info.value), str(info.value)
+
+
+def test_ic_lora_keys_of_another_form_are_refused_by_name(targets, tmp_path):
+    """A DoRA magnitude beside the trainer's pairs is no LoRA form this pack applies: refused by file and key."""
+    tensors = tiny_lora.ic_lora_tensors("v2v")
+    key = "diffusion_model.transformer_blocks.0.attn1.to_q.lora_magnitude_vector"
+    path = _write(tmp_path, {**tensors, key: torch.ones(TINY_DIMS["video_inner"])})
+    with pytest.raises(LTX25Error, match="no LoRA form") as info:
+        read_lora_file(path, targets)
+    assert key in str(info.value)
+
+
+def test_ic_loras_asking_for_different_reference_scales_are_refused(handle, targets, tmp_path):
+    """As the reference's IC-LoRA pipeline: two LoRAs whose reference videos were scaled differently cannot share
+    one reference video, so the second is refused naming it."""
+    first = read_lora_file(tiny_lora.write_tiny_ic_lora(str(tmp_path / "a.safetensors"), "v2v"), targets)
+    second = read_lora_file(tiny_lora.write_tiny_ic_lora(str(tmp_path / "b.safetensors"), "a2a", metadata={
+        "reference_spatial_scale_factor": "4"}), targets)
+    with pytest.raises(LTX25Error, match="reference spatial scale") as info:
+        handle.with_lora(first, 1.0, name="a").with_lora(second, 1.0, name="b.safetensors")
+    assert "b.safetensors" in str(info.value)

@@ -1,6 +1,6 @@
-"""Noise layouts of the distilled sampler (docs/MODEL.md §7): 'comfy' draws each seed's numbers in the latent's own
-shape (ComfyUI core's noise), 'reference' draws the same sequence on the patchified tokens (ltx-pipelines' noise).
-A fake denoiser stands in for the DiT."""
+"""Noise layouts of the distilled and the guided (dev) samplers (docs/MODEL.md §7): 'comfy' draws each seed's
+numbers in the latent's own shape (ComfyUI core's noise), 'reference' draws the same sequence on the patchified
+tokens (ltx-pipelines' noise). A fake denoiser stands in for the DiT."""
 from __future__ import annotations
 
 import pytest
@@ -120,3 +120,68 @@ def test_sampler_node_offers_noise_layout_default_comfy(monkeypatch):
     with pytest.raises(LTX25Error) as info:
         LTX25DistilledSampler().sample(model, None, video, audio, 0, "1", "auto", noise_layout="tokens")
     assert info.value.where == "LTX25DistilledSampler.noise_layout" and len(readied) == 2
+
+
+# ---------------------------------------------------------------------------------------------------- guided sampler
+def test_guided_sampler_node_offers_noise_layout_default_comfy(monkeypatch):
+    """The guided (dev) sampler node has the same optional noise_layout (default 'comfy') and passes it to the
+    engine; an unknown one is refused naming the node's input before the model is made ready."""
+    from types import SimpleNamespace
+    from nodes.comfy.guidance import LTX25GuidedSampler
+    from nodes.comfy.sampling import LTX25EmptyLatent
+    from nodes.ltx.dit import dev_sampling
+    from nodes.ltx.dit.guidance import Guidance
+    spec = LTX25GuidedSampler.INPUT_TYPES()["optional"]["noise_layout"]
+    assert spec[0] == list(sampling.NOISE_LAYOUTS) and spec[1]["default"] == "comfy"
+    readied, seen = [], []
+    model = SimpleNamespace(info=SimpleNamespace(name="ltx-2.5-dev.safetensors"), module=torch.nn.Linear(1, 1),
+                            ready=lambda memory: readied.append(memory) or model.module)
+    monkeypatch.setattr(dev_sampling, "sample_guided",
+                        lambda module, guider, video, audio, **k: seen.append(k["noise_layout"]) or (video, audio))
+    video, audio = LTX25EmptyLatent().make(64, 64, 9, 24.0, 1, True)
+    guider = Guidance(SimpleNamespace(video=torch.zeros(1, 4, 8)))
+    args = (model, guider, video, audio, 0, 3, "euler", "4096 tokens", "1", "sequential", "auto")
+    LTX25GuidedSampler().sample(*args)
+    LTX25GuidedSampler().sample(*args, noise_layout="reference")
+    assert seen == ["comfy", "reference"] and len(readied) == 2
+    with pytest.raises(LTX25Error) as info:
+        LTX25GuidedSampler().sample(*args, noise_layout="tokens")
+    assert info.value.where == "LTX25GuidedSampler.noise_layout" and len(readied) == 2
+
+
+@pytest.mark.parametrize("sampler", ["euler", "euler_ancestral", "res_2s"])
+def test_guided_stage_starts_from_the_layouts_noise(sampler):
+    """Each guided stepper's first denoiser call (σ = 1 on zero latents) sees exactly the layout's initial noise,
+    so a seed gives the reference's noise in 'reference' and core's in 'comfy'."""
+    from nodes.ltx.dit import dev_sampling
+    for layout in sampling.NOISE_LAYOUTS:
+        first = []
+
+        def denoise(video, audio, sigma):
+            if not first:
+                first.append((video.clone(), audio.clone()))
+            return fake_denoise(video, audio, sigma)
+
+        dev_sampling.sample_guided(torch.nn.Linear(1, 1), None, torch.zeros(VIDEO), torch.zeros(AUDIO), fps=24.0,
+                                   seed=6, sigmas=(1.0, 0.5, 0.0), sampler=sampler, denoise=denoise,
+                                   noise_layout=layout)
+        want = sampling.initial_noise(torch.zeros(VIDEO), torch.zeros(AUDIO), 6, 1, layout)
+        assert torch.equal(first[0][0], want[0]) and torch.equal(first[0][1], want[1]), (sampler, layout)
+
+
+def test_res2s_step_noise_is_drawn_on_tokens_in_the_reference_layout():
+    """res_2s's SDE noise in the reference layout is a token-shaped float64 draw, standardized over the tensor and
+    then per clip, laid out as the latent (the reference's loop draws on its patchified state); 'comfy' draws in
+    the latent's shape, so the two differ for one generator state."""
+    from nodes.ltx.dit import res2s
+    like = torch.zeros(2, *VIDEO[1:])
+    got = res2s.step_noise(like, torch.Generator().manual_seed(9), "reference")
+    b, c, f, h, w = like.shape
+    tokens = torch.randn((b, f * h * w, c), generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    tokens = (tokens - tokens.mean()) / tokens.std()
+    tokens = (tokens - tokens.mean(dim=(1, 2), keepdim=True)) / tokens.std(dim=(1, 2), keepdim=True)
+    want = torch.empty(like.shape, dtype=torch.float64)
+    for n in range(f * h * w):
+        want[:, :, n // (h * w), (n // w) % h, n % w] = tokens[:, n, :]
+    assert torch.equal(got, want)
+    assert not torch.equal(got, res2s.step_noise(like, torch.Generator().manual_seed(9), "comfy"))

@@ -21,6 +21,7 @@ from ..ltx.device_memory import free_bytes
 from ..ltx import memory_fit
 from ..ltx.memory_fit import host_available_bytes
 from ..ltx.files.lora import LoraFactors
+from ..ltx.kernels.lora_linear import LowRankSet, install as install_low_rank
 
 log = logging.getLogger("ltx25")
 
@@ -231,23 +232,25 @@ def _use_fast_pinning(device: torch.device) -> None:
 
 class StandalonePatcher:
     """The parts of ComfyUI's ModelPatcher the pack uses, for running without ComfyUI: placement (with weight
-    streaming when the model does not fit), clones that share the module, and weight patches applied in place when
-    a clone is loaded (the originals kept once per model, as ComfyUI keeps its backups)."""
+    streaming when the model does not fit), clones that share the module, weight patches merged in place when a
+    clone is loaded (the merged weights' originals kept on the host, once per model, as ComfyUI keeps its backups),
+    and LoRAs applied on the fly (`low_rank`: installed beside their layers, nothing backed up)."""
 
     def __init__(self, model: torch.nn.Module, load_device: torch.device, offload_device: torch.device,
                  on_unload: Callable[[torch.nn.Module], None] | None = None) -> None:
         self.model, self.load_device, self.offload_device = model, load_device, offload_device
-        self.size, self.on_unload = module_bytes(model), on_unload
+        self.on_unload = on_unload
         self.patches: dict[str, list[tuple[float, tuple]]] = {}
         self.patches_uuid = uuid.uuid4()
+        self.low_rank = LowRankSet()
 
     def model_size(self) -> int:
-        return self.size
+        return module_bytes(self.model)
 
     def clone(self) -> "StandalonePatcher":
         twin = StandalonePatcher(self.model, self.load_device, self.offload_device, self.on_unload)
         twin.patches = {key: list(entries) for key, entries in self.patches.items()}
-        twin.patches_uuid = self.patches_uuid
+        twin.patches_uuid, twin.low_rank = self.patches_uuid, self.low_rank
         return twin
 
     def add_patches(self, patches: dict, strength_patch: float = 1.0) -> list[str]:
@@ -264,24 +267,31 @@ class StandalonePatcher:
         return vars(self.model).setdefault("_ltx25_patch_state", {"uuid": None, "backup": {}})
 
     def apply_patches(self) -> bool:
-        """Make the shared module hold this patcher's weights (undoing another clone's patches first, in place, so
-        the weights are never copied whole); True when anything changed."""
+        """Make the shared module compute this patcher's view: its on-the-fly LoRAs installed (another view's
+        removed) and its merged patches in the weights (another view's undone first, in place, so the weights are
+        never copied whole); True when anything changed."""
+        changed = install_low_rank(self.model, self.low_rank.updates, self.low_rank.token)
         state = self._patch_state()
         if state["uuid"] == self.patches_uuid:
-            return False
-        changed = bool(state["backup"] or self.patches)
+            return changed
+        changed = changed or bool(state["backup"] or self.patches)
         tensors = self.model.state_dict(keep_vars=True)
-        # Changed in place below: their pinned host copies (streaming.place) would be stale.
-        streaming.forget_host_copies(self.model, [tensors[key] for key in (*state["backup"], *self.patches)])
+        # Changed in place below: their pinned host copies (streaming.place) would be stale. A copy of a weight
+        # about to be merged for the first time holds its original: it becomes the backup, no copy needed.
+        pinned = streaming.forget_host_copies(self.model, [tensors[key] for key in (*state["backup"], *self.patches)])
+        backup = state["backup"]  # weight key → its original on the host, only while the module holds it merged
         with torch.no_grad():
-            for key, original in state["backup"].items():
-                tensors[key].copy_(original)
-            state["backup"] = {}
+            for key in [k for k in backup if k not in self.patches]:
+                tensors[key].copy_(backup.pop(key))
             for key, entries in self.patches.items():
                 weight = tensors[key]
-                state["backup"][key] = weight.detach().to("cpu", copy=True)
-                patched = weight.float() + sum(strength * _patch_delta(value, weight.device)
-                                               for strength, value in entries)
+                if key in backup:  # merged by the previous view: start again from the original
+                    original = backup[key].to(weight.device, torch.float32)
+                else:  # copied once per merged weight, kept while a view merges it
+                    kept = pinned.get(id(weight))
+                    backup[key] = kept if kept is not None else weight.detach().to("cpu", copy=True)
+                    original = weight.float()
+                patched = original + sum(strength * _patch_delta(value, weight.device) for strength, value in entries)
                 weight.copy_(patched.to(weight.dtype))
         state["uuid"] = self.patches_uuid
         return changed
@@ -334,6 +344,41 @@ def _patch_delta(value, device: torch.device) -> torch.Tensor:
     if isinstance(value, LoraFactors):
         return value.delta(device)
     return value[0].to(device, torch.float32)
+
+
+LOW_RANK = "ltx25_low_rank"  # the ComfyUI patcher attachment holding a view's on-the-fly LoRAs
+
+
+def add_low_rank(patcher, factors: dict[str, LoraFactors], strength: float) -> None:
+    """Give `patcher`'s view LoRA factors applied on the fly at `strength` (module state-dict keys of Linear
+    weights): installed beside their layers when the view is loaded, never merged into the weights. In ComfyUI
+    they ride on the patcher as an attachment (clones copy it), so ComfyUI's own weight patching never sees them."""
+    if HAS_COMFY:
+        patcher.set_attachments(LOW_RANK, (patcher.get_attachment(LOW_RANK) or LowRankSet()).plus(factors, strength))
+    else:
+        patcher.low_rank = patcher.low_rank.plus(factors, strength)
+
+
+def low_rank_of(patcher) -> LowRankSet:
+    """The view's on-the-fly LoRAs (empty when it has none)."""
+    if HAS_COMFY:
+        return patcher.get_attachment(LOW_RANK) or LowRankSet()
+    return patcher.low_rank
+
+
+def _engine_module(patcher) -> torch.nn.Module:
+    """The engine module a ComfyUI patcher holds (make_patcher may wrap it in a holder)."""
+    inner = getattr(patcher.model, "inner", None)
+    return patcher.model if inner is None else inner
+
+
+def _install_low_rank_comfy(patcher) -> None:
+    """After ComfyUI placed the model: install the view's on-the-fly LoRAs next to their layers (on the device, or
+    on the host for the blocks left there) and, when blocks stream, rebuild the streamer so the streamed blocks'
+    factors pass through the slots with their weights (the old one would put removed factors back)."""
+    module, low_rank = _engine_module(patcher), low_rank_of(patcher)
+    if install_low_rank(module, low_rank.updates, low_rank.token) and streaming.streamer_of(module) is not None:
+        streaming.adopt(module, compute_device())
 
 
 def weight_patch(value):
@@ -440,7 +485,11 @@ def load_models(patchers: list, memory_required: int = 0) -> None:
         device = compute_device()
         reserve = sum(streaming.slot_reserve(p.model) for p in patchers
                       if p.model_size() + memory_required > _mm.get_free_memory(device) + p.loaded_size())
-        _mm.load_models_gpu(patchers, memory_required=memory_required + reserve)
+        # ComfyUI counts state_dict bytes: the on-the-fly LoRA factors (non-persistent buffers) are extra.
+        factors = sum(low_rank_of(p).nbytes() for p in patchers)
+        _mm.load_models_gpu(patchers, memory_required=memory_required + reserve + factors)
+        for p in patchers:
+            _install_low_rank_comfy(p)
         return
     needed = memory_required + sum(p.model_size() for p in patchers if not p.is_loaded())
     for other in _standalone_live():

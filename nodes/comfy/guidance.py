@@ -3,8 +3,8 @@ reference's video and audio guiders) and the guided sampler (dev schedule; Euler
 from __future__ import annotations
 
 from . import bridge
-from .sampling import (DEFAULT_FRAME_RATE, GUIDES_INPUT, LATENT_PAIR_TOOLTIPS, STAGE_INPUTS, check_stage_latents,
-                       check_working_memory, per_token)
+from .sampling import (DEFAULT_FRAME_RATE, GUIDES_INPUT, LATENT_PAIR_TOOLTIPS, NOISE_LAYOUT_TOOLTIP, STAGE_INPUTS,
+                       check_stage_latents, check_working_memory, per_token)
 from ..ltx import latents
 from ..ltx.dit import dev_sampling, guidance as ltx_guidance, sampling
 from ..ltx.errors import LTX25Error
@@ -103,11 +103,14 @@ class LTX25GuidedSampler:
             "frame_rate": ("FLOAT", {"default": DEFAULT_FRAME_RATE, "min": 1.0, "max": 120.0, "step": 0.01,
                                      "tooltip": "Only for latents that carry no frame rate: the fps of the clip."}),
             "guides": GUIDES_INPUT,
+            "noise_layout": (list(sampling.NOISE_LAYOUTS), {"default": "comfy", "tooltip": NOISE_LAYOUT_TOOLTIP}),
         }}
 
     def sample(self, model, guider, video_latent, audio_latent, seed, steps, sampler, schedule_shift, stage,
-               pass_batching, acceleration, sigmas="", frame_rate=DEFAULT_FRAME_RATE, guides=None):
+               pass_batching, acceleration, sigmas="", frame_rate=DEFAULT_FRAME_RATE, guides=None,
+               noise_layout="comfy"):
         where = "LTX25GuidedSampler"
+        sampling.check_noise_layout(noise_layout, f"{where}.noise_layout")
         fps = latents.frame_rate(video_latent, f"{where}.video_latent", default=frame_rate)
         video = latents.unbind_av(video_latent["samples"], latents.VIDEO_STREAM, f"{where}.video_latent")
         audio = latents.unbind_av(audio_latent["samples"], latents.AUDIO_STREAM, f"{where}.audio_latent")
@@ -124,9 +127,10 @@ class LTX25GuidedSampler:
         try:
             video, audio = dev_sampling.sample_guided(
                 module, guider, video, audio, fps=fps, seed=seed, sigmas=schedule, sampler=sampler, stage=int(stage),
-                on_step=bridge.step_callback(dev_sampling.progress_total(schedule, sampler), f"LTX-2.5 {sampler}"),
+                on_x0=bridge.step_callback(dev_sampling.progress_total(schedule, sampler), f"LTX-2.5 {sampler}",
+                                           preview_latent=True),
                 output_device=bridge.intermediate_device(), acceleration=acceleration, batching=pass_batching,
-                guides=held)
+                guides=held, noise_layout=noise_layout)
         finally:
             bridge.empty_cache()
         return ({**video_latent, "samples": video, "frame_rate": fps},

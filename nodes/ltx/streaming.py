@@ -177,11 +177,17 @@ def _pin_room() -> int:
         return 0
 
 
-def forget_host_copies(model: nn.Module, tensors: Sequence[torch.Tensor]) -> None:
-    """Drop the host copies of `tensors` (about to change in place on the device): offloading copies them back."""
+def forget_host_copies(model: nn.Module, tensors: Sequence[torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Drop the host copies of `tensors` (about to change in place on the device, or to leave the model):
+    offloading copies them back. Returns the dropped copies, id(tensor) → pinned host tensor (they hold the values
+    the device tensors have now)."""
     copies = _host_copies(model)
+    dropped = {}
     for tensor in tensors:
-        copies.pop(id(tensor), None)
+        kept = copies.pop(id(tensor), None)
+        if kept is not None:
+            dropped[id(tensor)] = kept[1]
+    return dropped
 
 
 def offload(model: nn.Module, device: torch.device | str = "cpu", keep_host: bool = False) -> None:

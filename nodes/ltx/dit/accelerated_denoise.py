@@ -23,9 +23,10 @@ Graphs: one per (latent shapes, fps, context shapes, timestep shapes, weights' d
 model object (so they go when it is garbage-collected). Inputs are copied into static buffers every call — latent
 tokens, the timesteps (per token when the stage is guided: guides.py), the positions and keyframe marks, AND the text
 context — so a new prompt, new guides or a guide at another frame replay the same graph. The weights' addresses are
-the cache's signature: when model management offloads and reloads the model, the next factory call drops the stale
-graphs. All graphs of a model share one memory pool: they never run concurrently and each output is consumed before
-the next replay.
+the cache's signature: when model management offloads and reloads the model, or a view with other LoRAs applied on
+the fly is loaded, the next factory call drops the stale graphs (LoRAs merged into the weights keep the addresses: a
+replay reads the merged values). All graphs of a model share one memory pool: they never run concurrently and each
+output is consumed before the next replay.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ import torch
 from .. import compat, compile_cache
 from ..errors import LTX25Error
 from ..geometry import pixel_shape
+from ..kernels.lora_linear import hook_layers, token_of as low_rank_token
 from ..streaming import is_streaming
 from .guides import GuidedStage
 from .positions import patchify_audio, patchify_video
@@ -145,6 +147,7 @@ def _set_compiled(model: torch.nn.Module, on: bool) -> None:
         if not on:
             return
         compile_cache.ensure_applied()  # torch reads the cache folders when it first compiles: set them before
+        hook_layers(model.dit)  # LoRAs applied on the fly later must be traced (kernels/lora_linear.py)
         model.dit.compile_repeated_blocks(**COMPILE_OPTIONS)
         compiled = model._ltx25_compiled = compat.compiled_calls(model.dit)
     for module, impl in compiled:
@@ -201,13 +204,17 @@ class _Graph:
 
 @dataclass
 class _GraphCache:
-    signature: tuple[int, ...]      # data_ptr of every DiT weight when the graphs were captured
+    signature: tuple                # every DiT tensor's address and shape, and the on-the-fly LoRAs' token
     graphs: dict[tuple, _Graph] = field(default_factory=dict)
     pool: Any = None                # the shared memory pool, made by the first capture
 
 
-def _weights_signature(model: torch.nn.Module) -> tuple[int, ...]:
-    return tuple(t.data_ptr() for t in (*model.dit.parameters(), *model.dit.buffers()))
+def _weights_signature(model: torch.nn.Module) -> tuple:
+    """What a captured graph reads: the DiT's tensors (weights, and the buffers of LoRAs applied on the fly) by
+    address and shape, and the token of the LoRA set installed; a new set, or one landing at the old addresses with
+    other ranks, drops the graphs."""
+    tensors = (*model.dit.parameters(), *model.dit.buffers())
+    return (low_rank_token(model), *((t.data_ptr(), tuple(t.shape)) for t in tensors))
 
 
 def _graph_cache(model: torch.nn.Module) -> _GraphCache:

@@ -24,7 +24,8 @@ import torch
 
 from ..errors import LTX25Error
 from .guides import GuidedStage
-from .sampling import DenoiseFn, OnStep, check_sigmas, start_latents
+from .sampling import (DenoiseFn, OnStep, OnX0, check_noise_layout, check_sigmas, draw_shape, laid_out,
+                       start_latents)
 
 ETA = 0.5                  # SDE noise at each step and (always, in the reference) at each midpoint
 FINAL_SIGMA = 0.0011       # where a schedule ending at 0 stops stepping and takes x0
@@ -62,25 +63,30 @@ def renoise(anchor: torch.Tensor, result: torch.Tensor, sigma: float, sigma_next
     return alpha * (x0 + sigma_down * eps) + sigma_up * noise
 
 
-def step_noise(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Standard normal float64 noise shaped like `like`, standardized over the tensor, then per clip."""
-    noise = torch.randn(tuple(like.shape), generator=generator, dtype=torch.float64)
+def step_noise(like: torch.Tensor, generator: torch.Generator, layout: str = "comfy") -> torch.Tensor:
+    """Standard normal float64 noise shaped like `like`, standardized over the tensor, then per clip; drawn in the
+    noise `layout` (`sampling.draw_shape`: the reference draws on its tokens)."""
+    noise = torch.randn(draw_shape(like.shape, layout), generator=generator, dtype=torch.float64)
     noise = (noise - noise.mean()) / noise.std()
     dims = tuple(range(1, noise.ndim))
     noise = (noise - noise.mean(dim=dims, keepdim=True)) / noise.std(dim=dims, keepdim=True)
-    return noise.to(like.device)
+    return laid_out(noise, like.shape, layout).to(like.device)
 
 
 def sample_res2s(denoise_fn: DenoiseFn, video: torch.Tensor, audio: torch.Tensor, sigmas: Sequence[float],
                  seed: int, stage: int, on_step: OnStep | None = None, eta: float = ETA,
-                 substep_eta: float = ETA, held: GuidedStage | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 substep_eta: float = ETA, held: GuidedStage | None = None, noise_layout: str = "comfy",
+                 on_x0: OnX0 | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Noise the latents to `sigmas[0]` (the main generator, as `sampling.sample_stage`), then res_2s steps
     (`eta`, `substep_eta`: the SDE noise after each step and at each midpoint; the reference's are both 1/2);
     `held`: the stage's guides (see the module docstring), the outputs cropped to the input shapes.
 
     The SDE noise comes from two CPU generators, seeded `seed + 20000` (steps) and `seed + 30000` (midpoints), one
     draw per modality per use (video, then audio). The reference's HQ pipeline seeds them −1 and 9999 whatever the
-    seed (it does not pass its seed to the loop); ours follow the seed, like every other draw of the pack."""
+    seed (it does not pass its seed to the loop); ours follow the seed, like every other draw of the pack. Every
+    draw follows `noise_layout` (`sampling.NOISE_LAYOUTS`). After each step `on_x0(done, total, x0_video)` gets the
+    step's latest x0 (the midpoint's; the final call's at the end, float32), then `on_step(done, total)`."""
+    check_noise_layout(noise_layout)
     sigmas = check_sigmas(sigmas)  # ends at 0
     if len(sigmas) > 1 and sigmas[-2] <= FINAL_SIGMA:
         raise LTX25Error("sigmas", "the last sigma before 0", sigmas[-2], f"above {FINAL_SIGMA}",
@@ -92,23 +98,29 @@ def sample_res2s(denoise_fn: DenoiseFn, video: torch.Tensor, audio: torch.Tensor
     total = steps + 1
     hold = (lambda pair: list(pair)) if held is None else (lambda pair: list(held.hold(*pair)))  # noqa: E731
     with torch.inference_mode():
-        latents = list(start_latents(video, audio, sigmas[0], seed, stage, held=held))
+        latents = list(start_latents(video, audio, sigmas[0], seed, stage, noise_layout, held))
         for i in range(steps):
             sigma, sigma_next = float(stepped[i]), float(stepped[i + 1])
-            latents = _step(denoise_fn, latents, sigma, sigma_next, (step_gen, eta), (substep_gen, substep_eta),
-                            hold)
-            if on_step is not None:
-                on_step(i + 1, total)
+            latents, x0_video = _step(denoise_fn, latents, sigma, sigma_next, (step_gen, eta),
+                                      (substep_gen, substep_eta), hold, noise_layout)
+            _report(on_x0, on_step, i + 1, total, x0_video if held is None else held.crop(x0_video))
         final = hold(denoise_fn(latents[0], latents[1], FINAL_SIGMA))
         latents = [x0.to(x.dtype) for x, x0 in zip(latents, final)]
-        if on_step is not None:
-            on_step(total, total)
+        _report(on_x0, on_step, total, total, final[0] if held is None else held.crop(final[0]))
     return (latents[0], latents[1]) if held is None else (held.crop(latents[0]), latents[1])
+
+
+def _report(on_x0: OnX0 | None, on_step: OnStep | None, done: int, total: int, x0_video: torch.Tensor) -> None:
+    if on_x0 is not None:
+        on_x0(done, total, x0_video.float())
+    if on_step is not None:
+        on_step(done, total)
 
 
 def _step(denoise_fn: DenoiseFn, latents: list[torch.Tensor], sigma: float, sigma_next: float,
           step_noise_of: tuple[torch.Generator, float], substep_noise_of: tuple[torch.Generator, float],
-          hold: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]) -> list[torch.Tensor]:
+          hold: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]], layout: str = "comfy"
+          ) -> tuple[list[torch.Tensor], torch.Tensor]:
     (step_gen, eta), (substep_gen, substep_eta) = step_noise_of, substep_noise_of
     h = -math.log(sigma_next / sigma)
     a21, b1, b2 = coefficients(h)
@@ -116,7 +128,7 @@ def _step(denoise_fn: DenoiseFn, latents: list[torch.Tensor], sigma: float, sigm
     anchors = [x.double() for x in latents]
     d1 = [x0.double() for x0 in hold(denoise_fn(latents[0], latents[1], sigma))]
     eps1 = [d - x for d, x in zip(d1, anchors)]
-    mids = hold([renoise(x, x + h * a21 * e, sigma, sub_sigma, step_noise(x, substep_gen), substep_eta)
+    mids = hold([renoise(x, x + h * a21 * e, sigma, sub_sigma, step_noise(x, substep_gen, layout), substep_eta)
                  for x, e in zip(anchors, eps1)])
     if h < BONG_MAX_H and sigma > BONG_MIN_SIGMA:
         for _ in range(BONG_ROUNDS):
@@ -125,6 +137,6 @@ def _step(denoise_fn: DenoiseFn, latents: list[torch.Tensor], sigma: float, sigm
     d2 = [x0.double() for x0 in hold(denoise_fn(*(m.to(x.dtype) for m, x in zip(mids, latents)), sub_sigma))]
     nexts = [x + h * (b1 * e1 + b2 * (d - x)) for x, e1, d in zip(anchors, eps1, d2)]
     return [y.to(latent.dtype) for y, latent in zip(
-        hold([renoise(x, y, sigma, sigma_next, step_noise(x, step_gen), eta) for x, y in zip(anchors, nexts)]),
-        latents)]
+        hold([renoise(x, y, sigma, sigma_next, step_noise(x, step_gen, layout), eta)
+              for x, y in zip(anchors, nexts)]), latents)], d2[0]
 

@@ -139,20 +139,31 @@ def check_noise_layout(layout: str, where: str = "noise_layout") -> str:
     return layout
 
 
-def _randn(shape: Sequence[int], generator: torch.Generator, like: torch.Tensor,
-           layout: str = "comfy") -> torch.Tensor:
-    """One float32 CPU draw of `shape` (`[B, C, F, H, W]` or `[B, C, T, M]`); 'reference' draws it as the tokens
-    the reference noises (video `[B, F·H·W, C]`, audio `[B, T, C·M]`) and lays them back out as `shape`."""
+def draw_shape(shape: Sequence[int], layout: str) -> tuple[int, ...]:
+    """The shape a layout draws a latent's noise in: the latent's own for 'comfy'; for 'reference' the tokens the
+    reference noises, video `[B, F·H·W, C]` and audio `[B, T, C·M]`."""
     shape = tuple(shape)
     if layout == "comfy":
-        noise = torch.randn(shape, generator=generator, dtype=torch.float32)
-    elif len(shape) == 5:
+        return shape
+    if len(shape) == 5:
         b, c, f, h, w = shape
-        noise = unpatchify_video(torch.randn((b, f * h * w, c), generator=generator, dtype=torch.float32), shape)
-    else:
-        b, c, t, m = shape
-        noise = unpatchify_audio(torch.randn((b, t, c * m), generator=generator, dtype=torch.float32), shape)
-    return noise.to(like.device, like.dtype)
+        return b, f * h * w, c
+    b, c, t, m = shape
+    return b, t, c * m
+
+
+def laid_out(noise: torch.Tensor, shape: Sequence[int], layout: str) -> torch.Tensor:
+    """Noise drawn in `draw_shape(shape, layout)` laid out as the latent `shape`."""
+    if layout == "comfy":
+        return noise
+    return (unpatchify_video if len(shape) == 5 else unpatchify_audio)(noise, tuple(shape))
+
+
+def _randn(shape: Sequence[int], generator: torch.Generator, like: torch.Tensor,
+           layout: str = "comfy") -> torch.Tensor:
+    """One float32 CPU draw of `shape` (`[B, C, F, H, W]` or `[B, C, T, M]`), in `layout` (`draw_shape`)."""
+    noise = torch.randn(draw_shape(shape, layout), generator=generator, dtype=torch.float32)
+    return laid_out(noise, shape, layout).to(like.device, like.dtype)
 
 
 def _stage1_shapes(video: torch.Tensor, audio: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:

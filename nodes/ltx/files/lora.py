@@ -14,12 +14,20 @@ at once). Key spellings (file key = prefix + module path + suffix):
 
 Suffixes: `.lora_A.weight` / `.lora_B.weight` (PEFT: down, up), `.lora_down.weight` / `.lora_up.weight` (kohya,
 ComfyUI) with an optional `.alpha`, and ComfyUI's dense `.diff` (a weight's delta) and `.diff_b` (a bias's delta).
+
+A LoRA pair may target a Linear whose weight is stored quantized (NVFP4, FP8, int8): it is applied on the fly
+(kernels/lora_linear.py) and its shape is checked against the layer's `[out, in]`, not the packed tensor's. A dense
+delta cannot be added to a quantized weight and is refused.
+
+IC-LoRA control adapters (the LTX-2 trainer's reference-video LoRAs) are LoRA files of the PEFT spelling above; what
+sets them apart is the safetensors metadata the reference's IC-LoRA pipeline reads (`ReferenceScales`): the factor
+the reference video is scaled down by in space and in time.
 """
 from __future__ import annotations
 
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Union
 
 import torch
@@ -29,6 +37,10 @@ from ..errors import LTX25Error
 from .keymap import KeyMap
 
 NATIVE_PREFIX = "model.diffusion_model."
+# IC-LoRA metadata (the trainer writes each as a decimal string; absent = 1): spatial, its older name, temporal.
+SPATIAL_KEYS = ("reference_spatial_scale_factor", "reference_downscale_factor")
+TEMPORAL_KEY = "reference_temporal_scale_factor"
+HDR_KEYS = ("hdr_transform", "use_hdr_transform")  # the HDR IC-LoRA's: its output needs an HDR decode
 # file-key suffix → the role of the tensor it names
 SUFFIXES = (
     (".lora_A.weight", "down"), (".lora_B.weight", "up"),
@@ -70,11 +82,29 @@ Patch = Union[LoraFactors, torch.Tensor]  # a low-rank update, or a dense delta 
 
 
 @dataclass(frozen=True)
+class ReferenceScales:
+    """An IC-LoRA's reference-video scaling, from its metadata (the reference's `iclora_utils`): the reference video
+    is encoded at `1/spatial` of the output's width and height and keeps frame 0 then every `temporal`-th frame."""
+    spatial: int = 1
+    temporal: int = 1
+
+
+@dataclass(frozen=True)
+class LoraFile:
+    """A read LoRA file: its patches (module state-dict key → LoraFactors or dense delta) and its IC-LoRA
+    reference scaling (1, 1 for a plain LoRA)."""
+    patches: Mapping[str, "Patch"]
+    reference: ReferenceScales = ReferenceScales()
+
+
+@dataclass(frozen=True)
 class LoraTargets:
     """Every spelling a LoRA file may use for a patchable parameter → the module's parameter key."""
     spellings: Mapping[str, str]        # file-key base (prefix + path, no suffix) → module key without .weight/.bias
     ambiguous: frozenset[str]           # spellings two parameters share (kohya's `_` joins): refused if used
     tensors: Mapping[str, torch.Tensor]  # module state dict (keep_vars): shapes and dtypes to check against
+    # every Linear's `….weight` → its (out, in), also where the tensor is packed (quantized)
+    matrices: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, module: torch.nn.Module, key_map: KeyMap, native_prefix: str = NATIVE_PREFIX,
@@ -100,7 +130,9 @@ class LoraTargets:
                 seen[name].add(base)
                 spellings[name] = base
         ambiguous = frozenset(name for name, bases in seen.items() if len(bases) > 1)
-        return cls(spellings, ambiguous, tensors)
+        matrices = {f"{name}.weight": (m.out_features, m.in_features) for name, m in module.named_modules()
+                    if all(hasattr(m, a) for a in ("in_features", "out_features", "weight"))}
+        return cls(spellings, ambiguous, tensors, matrices)
 
 
 def _split(key: str) -> tuple[str, str, str] | None:
@@ -116,12 +148,20 @@ def _refuse(path: str, key: str, found: str, expected: str, hint: str = "") -> L
 
 
 def read_lora(path: str | os.PathLike, targets: LoraTargets) -> dict[str, Patch]:
-    """A LoRA file → {module state-dict key: LoraFactors or dense delta}. Tensors stay in the file's dtype on the
-    CPU. Every file key is used, or an `LTX25Error` names the file and the key: unknown forms, parameters the model
-    does not have, half pairs, mixed spellings, wrong shapes, quantized targets."""
+    """A LoRA file → {module state-dict key: LoraFactors or dense delta} (`read_lora_file`'s patches)."""
+    return dict(read_lora_file(path, targets).patches)
+
+
+def read_lora_file(path: str | os.PathLike, targets: LoraTargets) -> LoraFile:
+    """A LoRA file → its patches ({module state-dict key: LoraFactors or dense delta}, tensors in the file's dtype on
+    the CPU) and IC-LoRA reference scaling. Every file key is used, or an `LTX25Error` names the file and the key:
+    unknown forms, parameters the model does not have, half pairs, mixed spellings, wrong shapes, dense deltas on
+    quantized weights; metadata the pack cannot honour (an HDR IC-LoRA, a scale that is no positive integer) too."""
     path = str(path)
     with safe_open(path, "pt") as f:
         tensors = {key: f.get_tensor(key) for key in f.keys()}
+        metadata = dict(f.metadata() or {})
+    reference = reference_scales(path, metadata)
     if not tensors:
         raise LTX25Error(path, "the LoRA file", "empty", "LoRA tensors (…lora_A.weight / …lora_down.weight …)")
     groups: dict[str, dict[str, tuple[str, str]]] = defaultdict(dict)   # module base → role → (file key, suffix)
@@ -129,8 +169,7 @@ def read_lora(path: str | os.PathLike, targets: LoraTargets) -> dict[str, Patch]
         parts = _split(key)
         if parts is None:
             raise _refuse(path, key, "of no LoRA form", "a name ending in " + ", ".join(s for s, _ in SUFFIXES),
-                          "DoRA, LoHa, LoKr and other adapters are not supported; IC-LoRA control adapters are not "
-                          "supported yet.")
+                          "DoRA, LoHa, LoKr and other adapters are not supported.")
         base, suffix, role = parts
         if base in targets.ambiguous:
             raise _refuse(path, key, f"ambiguous ({base!r} names more than one parameter)", "a dotted name")
@@ -145,12 +184,41 @@ def read_lora(path: str | os.PathLike, targets: LoraTargets) -> dict[str, Patch]
         groups[target][role] = (key, suffix)
     patches: dict[str, Patch] = {}
     for target, roles in groups.items():
-        patches.update(_patches_for(path, target, roles, tensors, targets.tensors))
-    return patches
+        patches.update(_patches_for(path, target, roles, tensors, targets))
+    return LoraFile(patches, reference)
+
+
+def _positive_int(path: str, key: str, value: str) -> int:
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not (number >= 1 and number == int(number)):
+        raise LTX25Error(f"{path} [metadata {key}]", "the value", repr(value), "a whole number ≥ 1 (as the LTX-2 "
+                         "trainer writes it)", "The file's IC-LoRA metadata is damaged.")
+    return int(number)
+
+
+def reference_scales(path: str, metadata: Mapping[str, str]) -> ReferenceScales:
+    """The IC-LoRA reference scaling in a LoRA file's metadata (1, 1 when absent, as in the reference). The spatial
+    factor is written under two names; both present and different, or an HDR IC-LoRA, is refused naming the key."""
+    hdr = [key for key in HDR_KEYS if metadata.get(key)]
+    if hdr:
+        raise LTX25Error(f"{path} [metadata {hdr[0]}]", "the IC-LoRA", f"an HDR IC-LoRA ({hdr[0]}="
+                         f"{metadata[hdr[0]]!r})", "an IC-LoRA for standard video", "Its output is log-encoded HDR "
+                         "that needs the reference's HDR decode, which this pack does not have.")
+    spatial = {key: _positive_int(path, key, metadata[key]) for key in SPATIAL_KEYS if key in metadata}
+    if len(set(spatial.values())) > 1:
+        raise LTX25Error(f"{path} [metadata {SPATIAL_KEYS[1]}]", "the value", spatial[SPATIAL_KEYS[1]],
+                         f"{spatial[SPATIAL_KEYS[0]]} (its {SPATIAL_KEYS[0]})", "The two names of the reference "
+                         "video's downscale factor disagree: the file's IC-LoRA metadata is damaged.")
+    temporal = _positive_int(path, TEMPORAL_KEY, metadata[TEMPORAL_KEY]) if TEMPORAL_KEY in metadata else 1
+    return ReferenceScales(next(iter(spatial.values()), 1), temporal)
 
 
 def _patches_for(path: str, target: str, roles: Mapping[str, tuple[str, str]], tensors: Mapping[str, torch.Tensor],
-                 model: Mapping[str, torch.Tensor]) -> dict[str, Patch]:
+                 targets: LoraTargets) -> dict[str, Patch]:
+    model = targets.tensors
     out: dict[str, Patch] = {}
     weight_key, bias_key = f"{target}.weight", f"{target}.bias"
     if "diff_b" in roles:
@@ -172,16 +240,14 @@ def _patches_for(path: str, target: str, roles: Mapping[str, tuple[str, str]], t
     if not spellings:
         raise _refuse(path, roles["down"][0], f"paired with {roles['up'][0]}", "lora_A with lora_B, or lora_down "
                       "with lora_up")
-    weight = model.get(weight_key)
-    if weight is None or weight.ndim != 2:
+    shape = targets.matrices.get(weight_key)
+    if shape is None:
         raise _refuse(path, roles["down"][0], f"aimed at {target}, which has no matrix weight",
                       "a Linear layer's weight")
-    _check_patchable(path, roles["down"][0], weight, weight_key)
     down, up = tensors[roles["down"][0]], tensors[roles["up"][0]]
-    if down.ndim != 2 or up.ndim != 2 or up.shape[1] != down.shape[0] or (up.shape[0], down.shape[1]) != \
-            tuple(weight.shape):
+    if down.ndim != 2 or up.ndim != 2 or up.shape[1] != down.shape[0] or (up.shape[0], down.shape[1]) != shape:
         raise _refuse(path, roles["down"][0], f"shaped down {tuple(down.shape)}, up {tuple(up.shape)}",
-                      f"down [rank, {weight.shape[1]}] and up [{weight.shape[0]}, rank] for {weight_key}",
+                      f"down [rank, {shape[1]}] and up [{shape[0]}, rank] for {weight_key}",
                       "The LoRA was trained for another model size.")
     alpha = None
     if "alpha" in roles:
@@ -206,5 +272,6 @@ def _dense(path: str, key: str, tensors: Mapping[str, torch.Tensor], model: Mapp
 
 def _check_patchable(path: str, key: str, weight: torch.Tensor, module_key: str) -> None:
     if weight.dtype not in PATCHABLE_DTYPES:
-        raise _refuse(path, key, f"aimed at {module_key}, stored {weight.dtype} (quantized)",
-                      "a float weight", "Load the transformer with weight_dtype bf16 (dequantized) to apply LoRAs.")
+        raise _refuse(path, key, f"a dense delta aimed at {module_key}, stored {weight.dtype} (quantized)",
+                      "a float weight (LoRA pairs work on quantized weights, dense deltas do not)",
+                      "Load the transformer with weight_dtype bf16 (dequantized) to apply this file.")

@@ -18,6 +18,16 @@ from .common import generator, save_native
 from .transformer import tiny_metadata, write_tiny as write_tiny_transformer
 
 STYLES = ("peft", "comfyui", "kohya", "diffusers")
+# IC-LoRAs: the `lora.target_modules` of the LTX-2 trainer's IC-LoRA configs (Lightricks/LTX-2 v1.2.0,
+# packages/ltx-trainer/configs/{v2v,a2a,av2av}_ic_lora.yaml), matched as PEFT matches them (a module whose name is
+# the target or ends with "." + target), and the metadata its checkpoints carry (training_strategies/*.py).
+IC_LORA_TARGETS: Mapping[str, tuple[str, ...]] = {
+    "v2v": ("attn1.to_k", "attn1.to_q", "attn1.to_v", "attn1.to_out.0", "attn2.to_k", "attn2.to_q", "attn2.to_v",
+            "attn2.to_out.0", "ff.net.0.proj", "ff.net.2"),
+    "a2a": ("audio_attn1.to_k", "audio_attn1.to_q", "audio_attn1.to_v", "audio_attn1.to_out.0", "audio_attn2.to_k",
+            "audio_attn2.to_q", "audio_attn2.to_v", "audio_attn2.to_out.0", "audio_ff.net.0.proj", "audio_ff.net.2"),
+    "av2av": ("to_k", "to_q", "to_v", "to_out.0"),
+}
 NATIVE_PREFIX = "model.diffusion_model."
 # The Linear layers LoRA trainers target in every DiT block (both streams, the cross-modal attentions, the FFs).
 TARGET_LEAVES = ("to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight", "ff.net.0.proj.weight",
@@ -78,6 +88,31 @@ def lora_file_tensors(factors: Mapping[str, tuple[torch.Tensor, torch.Tensor]], 
 def write_tiny_lora(path: str, style: str = "peft", seed: int = 0, rank: int = 4, alpha: float | None = None) -> str:
     """A tiny LoRA for the tiny transformer, bf16 like the released LoRA."""
     return save_native(path, lora_file_tensors(tiny_lora_factors(seed, rank), style, alpha), {})
+
+
+def ic_lora_tensors(variant: str, seed: int = 0, rank: int = 4) -> dict[str, torch.Tensor]:
+    """An IC-LoRA's tensors as the LTX-2 trainer saves them: PEFT's `lora_A`/`lora_B` for every DiT-block Linear the
+    `variant`'s targets match, under `diffusion_model.` + the native module name (no alpha: PEFT files have none)."""
+    g = generator(seed, f"ic-lora-{variant}{rank}")
+    tensors = {}
+    for key, tensor in sorted(_tiny_module().state_dict().items()):
+        if not (key.startswith("dit.transformer_blocks.") and key.endswith(".weight") and tensor.ndim == 2):
+            continue
+        native = next(iter(KEY_MAP.to_native({key: torch.empty(0)})))[len(NATIVE_PREFIX): -len(".weight")]
+        if not any(native == t or native.endswith("." + t) for t in IC_LORA_TARGETS[variant]):
+            continue
+        out_features, in_features = tensor.shape
+        tensors[f"diffusion_model.{native}.lora_A.weight"] = torch.randn(rank, in_features, generator=g) * 0.1
+        tensors[f"diffusion_model.{native}.lora_B.weight"] = torch.randn(out_features, rank, generator=g) * 0.1
+    return tensors
+
+
+def write_tiny_ic_lora(path: str, variant: str = "v2v", seed: int = 0, rank: int = 4,
+                       metadata: Mapping[str, str] | None = None) -> str:
+    """A tiny IC-LoRA (`ic_lora_tensors`) with the trainer's metadata: by default a reference video at half the
+    output's size (`reference_spatial_scale_factor` and its older name `reference_downscale_factor`, both "2")."""
+    meta = {"reference_spatial_scale_factor": "2", "reference_downscale_factor": "2"} if metadata is None else metadata
+    return save_native(path, ic_lora_tensors(variant, seed, rank), dict(meta))
 
 
 def dev_paths(out_dir: str) -> dict[str, str]:
