@@ -40,7 +40,7 @@ ALIGN = 256        # bytes: every tensor view in a slot starts on a boundary any
 GIB = 2**30
 HOST_SPARE_SHARE = 0.25  # share of the machine's RAM that pinned host copies always leave available
 
-# (owner module, tensor name, tensor) → whether the tensor streams; (owner module, tensor name) → a transform or None
+# (owner module, tensor name, tensor) → whether it streams; (owner module, tensor name) → a transform or None
 Select = Callable[[nn.Module, str, torch.Tensor], bool]
 Transform = Callable[[torch.Tensor], torch.Tensor]
 TransformOf = Callable[[nn.Module, str], "Transform | None"]
