@@ -222,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--card-gib", type=float, default=24.0, help="usable GiB for the capped flag sets")
     parser.add_argument("--reserve-gib", type=float, default=4.0, help="--reserve-vram for the `reserve` set")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
+    parser.add_argument("--transformer", choices=("bf16", "nvfp4"), default="bf16",
+                        help="CUDA: nvfp4 keeps the DiT blocks' Linears packed, as the -nvfp4 file loads as stored")
     parser.add_argument("--deadline-s", type=float, default=450.0,
                         help="skip the flag sets that would end after this many seconds of the run")
     parser.add_argument("--smoke", action="store_true", help="CPU (--cpu), the loader nodes' tiny models handed out")
@@ -293,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.smoke:
             torch.backends.cudnn.benchmark = True
             tiny_te = os.path.join(models, "text_encoders", "gemma4-12b-with-proj-ltx-2.5-bf16.safetensors")
-            preset, result["build_s"], gemma = bench_ab_graph.build_real(device, tiny_te)
+            preset, result["build_s"], gemma = bench_ab_graph.build_real(device, tiny_te, args.transformer)
+            result["transformer_format"] = args.transformer
     # the helpers built with the classes ComfyUI's copy of the pack uses (else its nodes refuse their handles)
     result["helpers_use_comfyuis_pack"] = bench_ab_graph.Loaded is pack("comfy.handles").Loaded
     if args.smoke:  # the loader nodes' own outputs on the tiny files, handed out the same way
