@@ -18,8 +18,10 @@ the loaders leave them; the pack's loader nodes hand those out. Then, in one pro
 Per flag set: wall seconds, each pack node's seconds and peak allocated memory (the filler not counted), each model
 load the pack asked for (how much ComfyUI loaded, blocks streamed and bytes per forward), sha256 digests of every
 tensor the pack nodes returned compared with `uncapped` (the latents and audio must match bit for bit; the frames
-match when both decoders planned the same tiles, which the decode stats show). Dynamic VRAM (comfy-aimdo) is not
-started (main.py starts it; `--novram` disables it anyway); the pack's models use ComfyUI's classic ModelPatcher.
+match when both decoders planned the same tiles, which the decode stats show). The samplers run eagerly in every set
+(`--acceleration`): a model that streams runs eagerly anyway, and CUDA graphs are not bit-identical to eager. Dynamic
+VRAM (comfy-aimdo) is not started (main.py starts it; `--novram` disables it anyway); the pack's models use ComfyUI's
+classic ModelPatcher either way.
 
 ComfyUI needs packages the GPU machine may lack. `--site DIR` (appended to `sys.path`, so the machine's own packages
 win) holds the carried wheels of .comfy/wheels; ComfyUI modules still missing after that and imported by ComfyUI only
@@ -222,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--card-gib", type=float, default=24.0, help="usable GiB for the capped flag sets")
     parser.add_argument("--reserve-gib", type=float, default=4.0, help="--reserve-vram for the `reserve` set")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
+    parser.add_argument("--acceleration", default="eager",
+                        help="the samplers' acceleration in every flag set (eager: a streamed model runs eagerly, "
+                             "and CUDA graphs are not bit-identical to eager, so eager keeps the outputs comparable)")
     parser.add_argument("--transformer", choices=("bf16", "nvfp4"), default="bf16",
                         help="CUDA: nvfp4 keeps the DiT blocks' Linears packed, as the -nvfp4 file loads as stored")
     parser.add_argument("--deadline-s", type=float, default=450.0,
@@ -288,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         prompt = json.load(f)
     width, height, frames = (192, 128, 17) if args.smoke else (768, 512, 121)
     prompt["5"]["inputs"].update(width=width, height=height, frames=frames)
-    result["shape"] = f"{width}x{height}x{frames}"
+    for node_id in SAMPLERS:
+        prompt[node_id]["inputs"]["acceleration"] = args.acceleration
+    result["shape"], result["acceleration"] = f"{width}x{height}x{frames}", args.acceleration
     device = torch.device("cpu") if args.smoke else mm.get_torch_device()
     with pack_as_nodes(package):
         import bench_ab_graph
