@@ -146,3 +146,38 @@ def test_streamed_text_encoder_is_bit_identical_to_resident(tiny_file):
     assert 0 < plan.resident_blocks < len(layers)
     got = te.run_encoder(module, tokens.ids, tokens.mask)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_picked_tensors_stream_with_their_transform_applied_to_each_device_copy(deep_transformer):
+    """`adopt` with a `select` (here: the feed-forward layers of blocks 1 and 3, as a placement made elsewhere might
+    leave them) and a `transform` (here: adding a delta, as a weight patch does): only those tensors leave for host
+    memory, the x0 equals a resident model whose weights carry the delta, and the host copies stay the originals in
+    every forward. Fails when a transform is skipped, applied twice or written into the host copy."""
+    model = copy.deepcopy(deep_transformer)
+    video, audio, cond = _inputs()
+    blocks = streaming.blocks_of(model)
+    picked = {id(m) for i in (1, 3) for m in blocks[i].ff.modules()}
+    deltas = {id(m): torch.full_like(m.weight, 1e-3) for m in blocks[1].ff.modules() if isinstance(m, torch.nn.Linear)}
+    patched = copy.deepcopy(model)
+    for block, twin in zip(blocks, streaming.blocks_of(patched)):
+        for module, target in zip(block.modules(), twin.modules()):
+            if id(module) in deltas:
+                target.weight.data += deltas[id(module)]
+    want = T.denoise(patched, video, audio, 0.6, cond, 24.0)
+    originals = {name: t.clone() for name, t in model.state_dict().items()}
+    transform = (lambda owner, name: (lambda w, d=deltas[id(owner)]: w.add_(d))
+                 if name == "weight" and id(owner) in deltas else None)
+    streamer = streaming.adopt(model, torch.device("cpu"), select=lambda owner, _n, _t: id(owner) in picked,
+                               transform=transform)
+    assert sorted(streamer.streamed) == [1, 3] and sum(len(s.transforms) for s in streamer.streamed.values()) == \
+        len(deltas)
+    for _ in range(2):  # the second forward copies the host originals again and patches them once more
+        got = T.denoise(model, video, audio, 0.6, cond, 24.0)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert all(torch.equal(t, originals[name]) for name, t in model.state_dict().items())
+
+
+def test_a_cpu_device_with_an_index_is_the_cpu():
+    """`cpu:0` (a compute device some callers name) compares equal to where CPU tensors live, so nothing is taken for
+    off-device and copied."""
+    assert streaming._concrete(torch.device("cpu", 0)) == torch.zeros(1).device

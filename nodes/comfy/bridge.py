@@ -117,6 +117,7 @@ def step_callback(total: int, label: str = "ltx25", preview_latent: bool = False
             bar.update_absolute(done, total_now)
             return
         bar.update_absolute(done, total_now, previewer.decode_latent_to_preview_image("JPEG", x0_video))
+        _restore_in_use()  # a TAE previewer loads its model through model management, which may evict ours
 
     return on_step
 
@@ -378,7 +379,7 @@ def _install_low_rank_comfy(patcher) -> None:
     factors pass through the slots with their weights (the old one would put removed factors back)."""
     module, low_rank = _engine_module(patcher), low_rank_of(patcher)
     if install_low_rank(module, low_rank.updates, low_rank.token) and streaming.streamer_of(module) is not None:
-        streaming.adopt(module, compute_device())
+        _settle(patcher)  # the factors left on the host move to the device; the streamer is rebuilt over them
 
 
 def weight_patch(value):
@@ -406,20 +407,18 @@ def _standalone_live() -> list[StandalonePatcher]:
     return [ref() for ref in _standalone_loaded]
 
 
-def _on_comfy_load(engine_module: torch.nn.Module, name: str):
-    """ComfyUI's partial loading leaves modules it cannot cast (ours are plain torch modules) on the host and does
-    not patch them: patch what is left there, then stream those blocks through the device."""
-    def on_load(patcher, device_to, lowvram_model_memory, force_patch_weights, full_load) -> None:
-        tensors = patcher.model.state_dict(keep_vars=True)
-        for key in patcher.patches:
-            if key in tensors and tensors[key].device.type != torch.device(device_to).type:
-                patcher.patch_weight_to_device(key)
-        streamer = streaming.adopt(engine_module, device_to)
-        if streamer is not None:
-            show_on_node(f"{name}: {streamer.streamed_count} of {len(streamer.blocks)} blocks streamed from host "
-                         f"memory ({sum(s.nbytes for s in streamer.streamed.values()) / 2**30:.2f} GiB per forward), "
-                         f"the rest resident ({lowvram_model_memory / 2**30:.2f} GiB allowed by model management)")
-    return on_load
+class _DeviceHolder(torch.nn.Module):
+    """A plain container for a module whose class makes `device` a read-only property (diffusers models):
+    ModelPatcher assigns `model.device`, which then lands on the holder."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+
+def _engine_module(patcher) -> torch.nn.Module:
+    model = patcher.model
+    return model.inner if isinstance(model, _DeviceHolder) else model
 
 
 def make_patcher(module: torch.nn.Module, on_unload: Callable[[torch.nn.Module], None] | None = None,
@@ -430,19 +429,15 @@ def make_patcher(module: torch.nn.Module, on_unload: Callable[[torch.nn.Module],
     if HAS_COMFY:
         engine_module = module
         if isinstance(getattr(type(module), "device", None), property):
-            # ModelPatcher assigns `model.device`; diffusers models make it a read-only property. Hold the module
-            # in a plain container so the assignment lands there (Loaded.module stays the model itself).
-            holder = torch.nn.Module()
-            holder.inner = module
-            module = holder
+            module = _DeviceHolder(module)  # Loaded.module stays the model itself
         patcher = _patcher.ModelPatcher(module, load_device=compute_device(), offload_device=offload_device(),
                                         size=module_bytes(module))
+        vars(engine_module)["_ltx25_name"] = name
         from comfy.patcher_extension import CallbacksMP
-        if streaming.blocks_of(engine_module):
-            patcher.add_callback(CallbacksMP.ON_LOAD, _on_comfy_load(engine_module, name))
 
         def on_detach(_patcher, _unpatch_all) -> None:
             streaming.remove_streamer(engine_module)
+            vars(engine_module).pop("_ltx25_settled", None)
             if on_unload is not None:
                 on_unload(engine_module)
         patcher.add_callback(CallbacksMP.ON_DETACH, on_detach)
@@ -457,7 +452,173 @@ def clone_patcher(patcher):
 
 def patch_key_prefix(patcher) -> str:
     """How the patcher's state-dict keys start: ComfyUI patchers of a held module see it as `inner`."""
-    return "inner." if HAS_COMFY and getattr(patcher.model, "inner", None) is not None else ""
+    return "inner." if HAS_COMFY and isinstance(patcher.model, _DeviceHolder) else ""
+
+
+# ---------------------------------------------------------------------------------------------------- ComfyUI placement
+# How ComfyUI 0.33's ModelPatcher places a model (comfy/model_patcher.py, `_load_list`, `load`, `partially_unload`):
+# its unit is a module holding parameters of its own and none below it (a Linear, a norm, an embedding). Under a
+# partial load (`lowvram_model_memory` short of the model: LOW_VRAM or NORMAL_VRAM with too little free, NO_VRAM
+# always) it moves and patches the largest units that fit and marks each with `comfy_patched_weights = True`; the
+# other units stay on the offload device, unpatched, and a parent module's own parameters and the buffers of
+# parameterless modules stay there too, even in a full load until its final `model.to(device)`. Core's layers
+# (comfy.ops) then cast host weights per call and apply patches on the fly; ours are plain torch modules and cannot,
+# so after each `load_models_gpu` `_settle` makes the placement runnable: the units left inside streamable blocks
+# stream through the device (streaming.py), patched on each copy as core patches a lowvram weight; every other unit
+# left behind is loaded the way ModelPatcher loads one (patched on the device, moved, marked), and loose tensors are
+# moved. A later eviction (`partially_unload`, moving units back and unmarking them) is settled again on next use.
+
+def _is_load_unit(module: torch.nn.Module) -> bool:
+    """ModelPatcher's loading unit: parameters of its own, none in any submodule."""
+    own = {id(p) for p in module._parameters.values() if p is not None}
+    return bool(own) and all(id(p) in own for p in module.parameters())
+
+
+def _on_device(tensor: torch.Tensor, device: torch.device) -> bool:
+    return tensor.device == streaming._concrete(device)
+
+
+def _move_own(table: dict, name: str, device: torch.device) -> int:
+    """Move one tensor of a module's own table onto `device`; the bytes moved."""
+    old = table[name]
+    if old is None or _on_device(old, device):
+        return 0
+    new = old.detach().to(device)
+    table[name] = torch.nn.Parameter(new, requires_grad=old.requires_grad) if isinstance(old, torch.nn.Parameter) \
+        else new
+    return new.numel() * new.element_size()
+
+
+def _load_unit(patcher, prefix: str, module: torch.nn.Module, device: torch.device) -> int:
+    """Load one unit model management left behind as ModelPatcher.load loads one: its patched weights computed on the
+    device (originals kept in the patcher's backup), the rest moved, the unit marked loaded so ComfyUI never patches
+    it twice and may unload it again. The bytes now resident."""
+    for name in module._parameters:
+        key = prefix + name
+        if key in patcher.patches:
+            patcher.patch_weight_to_device(key, device_to=device)
+    module.to(device)
+    module.comfy_patched_weights = True
+    return module_bytes(module)
+
+
+def _streamed_weight_patch(patcher, key: str):
+    """Core's lowvram weight patch (ComfyUI's own LoRA math, in the weight's dtype) for a streamed weight: applied to
+    its device copy in every forward, so the host copy stays the original."""
+    return _patcher.LowVramPatch(key, patcher.patches)
+
+
+def _placement_token(patcher) -> tuple:
+    """What a partial unload or an unload by model management changes (`_restore_in_use` compares it)."""
+    model = patcher.model
+    return (model.model_loaded_weight_memory, str(getattr(model, "device", None)), model.current_weight_patches_uuid)
+
+
+def _settle(patcher) -> None:
+    """Make ComfyUI's placement of the patcher's model runnable (see the section comment) and show the plan when it
+    changed."""
+    model, engine = patcher.model, _engine_module(patcher)
+    device = torch.device(patcher.load_device)
+    blocks = streaming.blocks_of(engine)
+    in_block = {id(m) for block in blocks for m in block.modules()}
+    streamed: set[int] = set()
+    transforms: dict[tuple[int, str], Callable] = {}
+    loaded_here = 0
+    for path, module in model.named_modules():
+        prefix = f"{path}." if path else ""
+        if _is_load_unit(module):
+            if getattr(module, "comfy_patched_weights", False) is True:
+                continue
+            if id(module) in in_block:
+                streamed.add(id(module))
+                for name in module._parameters:
+                    if prefix + name in patcher.patches:
+                        transforms[(id(module), name)] = _streamed_weight_patch(patcher, prefix + name)
+            else:
+                loaded_here += _load_unit(patcher, prefix, module, device)
+            continue
+        for table in (module._parameters, module._buffers):  # loose tensors: ComfyUI neither moves nor patches them
+            for name in list(table):
+                if table is module._parameters and prefix + name in patcher.patches \
+                        and prefix + name not in patcher.backup:
+                    patcher.patch_weight_to_device(prefix + name, device_to=device)
+                loaded_here += _move_own(table, name, device)
+    # `loaded_here` stays out of ComfyUI's count (`model_loaded_weight_memory`): its next partial load refills that
+    # count with the largest units first, which would put more of the blocks beside these on the device; it sees
+    # them as used memory, as it sees the slots.
+    if streamed:  # part of the weights is not resident: a later load with more room may load more (as core's)
+        model.model_lowvram = True
+    streamer = None
+    if blocks:
+        streamer = streaming.adopt(engine, device, select=lambda owner, _name, _tensor: id(owner) in streamed,
+                                   transform=lambda owner, name: transforms.get((id(owner), name)))
+    plan = (streamer.streamed_count, sum(s.nbytes for s in streamer.streamed.values())) if streamer else (0, 0)
+    previous = vars(engine).get("_ltx25_settled")
+    vars(engine)["_ltx25_settled"] = (_placement_token(patcher), plan)
+    if plan[0] and (previous is None or previous[1] != plan):
+        name = vars(engine).get("_ltx25_name", type(engine).__name__)
+        show_on_node(f"{name}: model management left part of it in host memory: {plan[0]} of {len(blocks)} blocks "
+                     f"stream {plan[1] / 2**30:.2f} GiB per forward through the device, "
+                     f"{(patcher.model_size() - plan[1]) / 2**30:.2f} GiB stay on it")
+    elif loaded_here and not blocks:
+        log.info("%s: loaded whole beside model management's partial load (it has no blocks to stream)",
+                 type(engine).__name__)
+
+
+def _comfy_streams(patcher, memory_required: int) -> bool:
+    """Whether load_models_gpu will leave part of the model on the host, by its own rule: NO_VRAM always; LOW_VRAM and
+    NORMAL_VRAM when the model is larger than the free memory (other models evictable) less what the work needs."""
+    device = patcher.load_device
+    state = _mm.vram_state
+    if _mm.is_device_cpu(device) or state not in (_mm.VRAMState.LOW_VRAM, _mm.VRAMState.NORMAL_VRAM,
+                                                  _mm.VRAMState.NO_VRAM):
+        return False
+    if state == _mm.VRAMState.NO_VRAM:
+        return True
+    others = sum(loaded.model_loaded_memory() for loaded in _mm.current_loaded_models
+                 if loaded.device == device and loaded.model is not None and loaded.model is not patcher)
+    free = _mm.get_free_memory(device) + others + patcher.loaded_size()
+    needed = max(_mm.minimum_inference_memory(), memory_required + _mm.extra_reserved_memory())
+    budget = max(free - needed, min(free * _mm.MIN_WEIGHT_MEMORY_RATIO, free - _mm.minimum_inference_memory()))
+    return patcher.model_size() > budget
+
+
+# The models the last load asked for, with its working memory: a preview decoded between steps may load a model
+# (ComfyUI's TAE previewers do) and make model management evict part of them mid-run.
+_in_use: tuple[list[weakref.ref], int] = ([], 0)
+
+
+def _comfy_load(patchers: list, memory_required: int) -> None:
+    global _in_use
+    streamable = [p for p in patchers if streaming.blocks_of(_engine_module(p))]
+    # What a partly loaded model holds beside ComfyUI's budget for its weights: the two slots streaming copies
+    # through, and its weights outside the blocks (which `_settle` loads whatever ComfyUI left). Asked for with the
+    # working memory, so model management evicts for them and keeps its budget clear of them.
+    reserve = sum(streaming.slot_reserve(_engine_module(p)) + streaming.outside_blocks_bytes(_engine_module(p))
+                  for p in streamable if _comfy_streams(p, memory_required))
+    # ComfyUI counts state_dict bytes: the on-the-fly LoRA factors (non-persistent buffers) are extra.
+    factors = sum(low_rank_of(p).nbytes() for p in patchers)
+    # A model without blocks cannot stream: ComfyUI loads it whole (evicting others), as core loads its VAEs.
+    _mm.load_models_gpu(patchers, memory_required=memory_required + reserve + factors, force_full_load=not streamable)
+    for p in patchers:
+        _settle(p)
+        _install_low_rank_comfy(p)
+    _in_use = ([weakref.ref(p) for p in patchers], memory_required)
+
+
+def _restore_in_use() -> None:
+    """Load the models in use again if model management moved any of them since their load."""
+    refs, memory_required = _in_use
+    patchers = [p for p in (ref() for ref in refs) if p is not None]
+    if not patchers:
+        return
+    loaded = {id(entry.model) for entry in _mm.current_loaded_models}
+    moved = [p for p in patchers if id(p) not in loaded
+             or (vars(_engine_module(p)).get("_ltx25_settled") or (None,))[0] != _placement_token(p)]
+    if moved:
+        log.info("LTX-2.5: model management moved %s during the run; loading again",
+                 ", ".join(type(_engine_module(p)).__name__ for p in moved))
+        _comfy_load(patchers, memory_required)
 
 
 # ---------------------------------------------------------------------------------------------------- VRAM budget
@@ -482,14 +643,7 @@ def load_models(patchers: list, memory_required: int = 0) -> None:
     """Put `patchers` on the compute device, evicting others when `memory_required` plus their size won't fit; a model
     that still does not fit runs with part of its weights streamed from host memory (streaming.py)."""
     if HAS_COMFY:
-        device = compute_device()
-        reserve = sum(streaming.slot_reserve(p.model) for p in patchers
-                      if p.model_size() + memory_required > _mm.get_free_memory(device) + p.loaded_size())
-        # ComfyUI counts state_dict bytes: the on-the-fly LoRA factors (non-persistent buffers) are extra.
-        factors = sum(low_rank_of(p).nbytes() for p in patchers)
-        _mm.load_models_gpu(patchers, memory_required=memory_required + reserve + factors)
-        for p in patchers:
-            _install_low_rank_comfy(p)
+        _comfy_load(patchers, memory_required)
         return
     needed = memory_required + sum(p.model_size() for p in patchers if not p.is_loaded())
     for other in _standalone_live():
@@ -514,7 +668,9 @@ def load_models(patchers: list, memory_required: int = 0) -> None:
 
 def unload_model(patcher) -> None:
     """Move one model back to its offload device and forget it (used to free an encoder after use)."""
+    global _in_use
     if HAS_COMFY:
+        _in_use = ([ref for ref in _in_use[0] if ref() is not patcher], _in_use[1])
         for loaded in list(_mm.current_loaded_models):
             if loaded.model is patcher:
                 loaded.model_unload()

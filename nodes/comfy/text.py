@@ -25,7 +25,7 @@ def _placement(spec: te.TextEncoderSpec, batch: int):
     def load(module, patcher):
         if spec.device == "cpu":  # stays where it was built: no device memory, no model management
             return None
-        patcher = patcher or bridge.make_patcher(module)
+        patcher = patcher or bridge.make_patcher(module, name=spec.info.name)
         try:
             bridge.load_models([patcher], te.working_memory(spec, batch))
         except BaseException:  # e.g. out of memory while loading: the engine never gets a handle to release

@@ -18,14 +18,16 @@ memory at the link's speed, so a model evicted for the decoders every run costs 
 happens on the first eviction, not the first placement: a model that is never evicted pins nothing beyond its
 streamed blocks. Whoever changes a device tensor in place (weight patches) calls `forget_host_copies` for it first.
 
-The streamer works on whatever tensors of the blocks are off the device when it is installed, so it also covers a
-placement made by someone else (ComfyUI's partial loading, which leaves modules it cannot cast on the host).
+The streamer works on whatever tensors of the blocks are off the device when it is installed, or on the tensors its
+caller picks, so it also covers a placement made by someone else (ComfyUI's partial loading leaves whole layers on the
+host). A streamed tensor may carry a transform, applied to its device copy each time the block runs (a weight patch
+that is not baked into the host copy).
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -37,6 +39,11 @@ SLOTS = 2          # the block being computed, and the next one being copied
 ALIGN = 256        # bytes: every tensor view in a slot starts on a boundary any kernel accepts
 GIB = 2**30
 HOST_SPARE_SHARE = 0.25  # share of the machine's RAM that pinned host copies always leave available
+
+# (owner module, tensor name, tensor) → whether it streams; (owner module, tensor name) → a transform or None
+Select = Callable[[nn.Module, str, torch.Tensor], bool]
+Transform = Callable[[torch.Tensor], torch.Tensor]
+TransformOf = Callable[[nn.Module, str], "Transform | None"]
 
 
 def tensor_bytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -55,10 +62,13 @@ def _owned_tensors(module: nn.Module) -> Iterator[tuple[nn.Module, str, torch.Te
 
 
 def _concrete(device: torch.device | str) -> torch.device:
-    """`cuda` → `cuda:<current>`, so comparisons with a tensor's device (which always has an index) hold."""
+    """`cuda` → `cuda:<current>` and `cpu:N` → `cpu`, so comparisons with a tensor's device hold (a CUDA tensor's
+    device always has an index, a CPU tensor's never)."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cpu":
+        return torch.device("cpu")
     return device
 
 
@@ -248,6 +258,7 @@ class _Streamed:
     index: int
     entries: list[tuple[dict, str, torch.Tensor, int]]  # (owner table, name, host tensor, byte offset in a slot)
     nbytes: int
+    transforms: dict[int, Transform] = field(default_factory=dict)  # entry index → applied to its device copy
 
 
 class BlockStreamer:
@@ -256,24 +267,35 @@ class BlockStreamer:
     copy into a slot waits until the block that last used the slot has finished with it."""
 
     def __init__(self, blocks: Sequence[nn.Module], device: torch.device,
-                 force_stream: Sequence[nn.Module] = ()) -> None:
+                 force_stream: Sequence[nn.Module] = (), select: Select | None = None,
+                 transform: TransformOf | None = None) -> None:
+        """Stream the blocks' tensors that `select` picks (default: those not on `device`, and every tensor of the
+        `force_stream` blocks); a picked tensor not in host memory is moved there. `transform(owner, name)` may give
+        a function applied to a streamed tensor's device copy each time its block runs."""
         self.blocks, self.device = list(blocks), _concrete(device)
         forced = set(map(id, force_stream))
         self.streamed: dict[int, _Streamed] = {}
         for index, block in enumerate(self.blocks):
-            entries, offset = [], 0
+            entries, transforms, offset = [], {}, 0
             for owner, name, tensor in _owned_tensors(block):
                 table = owner._parameters if name in owner._parameters else owner._buffers
-                if tensor.device == self.device and id(block) not in forced:
+                picked = (select(owner, name, tensor) if select is not None
+                          else tensor.device != self.device or id(block) in forced)
+                if not picked:
                     continue
                 host = tensor.detach()
+                if host.device.type != "cpu":
+                    host = host.to("cpu")
                 if self.device.type == "cuda" and not host.is_pinned():
                     host = host.pin_memory()  # pinned: the copy is asynchronous and runs at the link's speed
                 _assign(table, name, host)
+                function = transform(owner, name) if transform is not None else None
+                if function is not None:
+                    transforms[len(entries)] = function
                 entries.append((table, name, table[name], offset))
                 offset += -(-host.numel() * host.element_size() // ALIGN) * ALIGN
             if entries:
-                self.streamed[index] = _Streamed(index, entries, offset)
+                self.streamed[index] = _Streamed(index, entries, offset, transforms)
         self.order = sorted(self.streamed)
         self.slot_bytes = max((s.nbytes for s in self.streamed.values()), default=0)
         self.slots: list[torch.Tensor] = []
@@ -342,8 +364,11 @@ class BlockStreamer:
         if index in self.ready:
             torch.cuda.current_stream(self.device).wait_event(self.ready.pop(index))
         streamed = self.streamed[index]
-        for view, (table, name, _, _) in zip(self._slot_views(streamed, self.slot_of[index]), streamed.entries):
-            table[name] = view
+        views = self._slot_views(streamed, self.slot_of[index])
+        for i, (view, (table, name, _, _)) in enumerate(zip(views, streamed.entries)):
+            function = streamed.transforms.get(i)
+            # the slot is copied afresh for every forward, so a transform may work on the copy in place
+            table[name] = view if function is None else function(view)
         following = self.order[(self.order.index(index) + 1) % len(self.order)]
         if following != index and following not in self.slot_of:
             self._stage(following)
@@ -360,10 +385,11 @@ class BlockStreamer:
         del self.slot_of[index]  # the next forward copies it again: the slot is someone else's by then
 
 
-def adopt(model: nn.Module, device: torch.device) -> BlockStreamer | None:
-    """After someone else placed `model` partly on `device` (ComfyUI's partial loading leaves what it cannot cast on
-    the host): move the small non-block tensors it left behind onto the device and stream the blocks' host tensors.
-    Returns the streamer, or None when everything is on the device."""
+def adopt(model: nn.Module, device: torch.device, select: Select | None = None,
+          transform: TransformOf | None = None) -> BlockStreamer | None:
+    """After someone else placed `model` partly on `device`: move the non-block tensors it left in host memory onto
+    the device and stream the blocks' tensors `select` picks (default: those not on the device), each with its
+    `transform` (see BlockStreamer). Returns the streamer, or None when nothing streams."""
     remove_streamer(model)
     device = _concrete(device)
     blocks = blocks_of(model)
@@ -375,10 +401,16 @@ def adopt(model: nn.Module, device: torch.device) -> BlockStreamer | None:
             for name, tensor in table.items():
                 if tensor is not None and tensor.device != device:
                     _assign(table, name, tensor.to(device))
-    streamer = BlockStreamer(blocks, device)
+    streamer = BlockStreamer(blocks, device, select=select, transform=transform)
     if not streamer.streamed_count:
         return None
     return streamer.install(model)
+
+
+def outside_blocks_bytes(model: nn.Module) -> int:
+    """Bytes of the model's tensors outside its streamable blocks: what stays on the device however much streams."""
+    in_blocks = {id(t) for block in blocks_of(model) for _, _, t in _owned_tensors(block)}
+    return tensor_bytes([t for _, _, t in _owned_tensors(model) if id(t) not in in_blocks])
 
 
 def slot_reserve(model: nn.Module) -> int:
