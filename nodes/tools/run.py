@@ -31,6 +31,7 @@ import torch
 from ..comfy import bridge as comfy_bridge
 from ..comfy import previews
 from ..registry import NODE_CLASS_MAPPINGS
+from . import core_standins
 from .graph import GraphError, execution_order, input_specs, is_link, ui_to_api, validate
 from ..ltx.errors import LTX25Error
 
@@ -285,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("workflow")
     parser.add_argument("--models", required=True, help="ComfyUI-style models folder")
     parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--input", default=None, help="folder Load Image / Load Audio read (default ./input)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NODE.INPUT=VALUE")
     parser.add_argument("--vram-budget-gb", type=float, default=None,
                         help="device memory the models may use (default: what is free); what does not fit streams")
@@ -292,13 +294,16 @@ def main(argv: list[str] | None = None) -> int:
     on_sigterm = signal.signal(signal.SIGTERM, request_stop)
     try:
         check_folders(args.models, args.out)
-        prompt, workflow = read_workflow(args.workflow)
-        apply_overrides(prompt, args.overrides)
+        if args.input:
+            core_standins.set_input_dir(args.input)
+        classes = {**core_standins.CLASSES, **NODE_CLASS_MAPPINGS}  # core loaders the templates start from
+        prompt, workflow = read_workflow(args.workflow, classes)
+        apply_overrides(prompt, args.overrides, classes)
         comfy_bridge.set_models_dir(args.models)
         comfy_bridge.set_output_dir(args.out)
         comfy_bridge.set_vram_budget_gb(args.vram_budget_gb)
         with previews.removed_afterwards():
-            result = execute(prompt, extra_pnginfo={"workflow": workflow} if workflow is not None else None)
+            result = execute(prompt, classes, extra_pnginfo={"workflow": workflow} if workflow is not None else None)
     except (GraphError, LTX25Error) as e:  # the failing node: the last "[run]" line above, or "[run] N failed"
         print(f"error: {e}", file=sys.stderr)
         return 2

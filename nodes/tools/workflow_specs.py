@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from ..ltx.release import OFFICIAL_FILES
 from ..registry import NODE_CLASS_MAPPINGS
+from .core_standins import CLASSES as CORE_STANDINS
 from .graph import execution_order, has_control_value, input_specs, is_widget
 from .tiny.lora import DEV_FILES
 
@@ -159,10 +160,95 @@ TWO_STAGE_NOTE = ("two_stage off (one stage at width×height): also bypass 'Upsa
 for _workflow in WORKFLOWS.values():
     _workflow["notes"].setdefault(5, TWO_STAGE_NOTE)
 
+# ---------------------------------------------------------------------------------------------------- conditioning
+# The image and audio come from ComfyUI's core Load Image / Load Audio (headless: nodes/tools/core_standins.py); put
+# files of these names in ComfyUI's input folder, or pick your own on the node.
+EXAMPLE_FILES = {"first": "ltx25_first_frame.png", "last": "ltx25_last_frame.png", "audio": "ltx25_audio.wav"}
+
+
+def _guided(spec: Spec, guides: int) -> Spec:
+    """`spec` with both samplers (nodes 10 and 12) conditioned on the guides of node `guides`."""
+    return [(i, c, t, {**v, "guides": (guides, 0)} if i in (10, 12) else v) for i, c, t, v in spec]
+
+
+def _image_guide(load_id: int, guide_id: int, which: str, frame: int, chain: int | None = None) -> Spec:
+    inputs = {"image": (load_id, 0), "video_encoder": (24, 0), "frame_index": frame, "strength": 1.0}
+    return [(load_id, "LoadImage", f"{which.capitalize()} frame", {"image": EXAMPLE_FILES[which]}),
+            (guide_id, "LTX25ImageGuide", f"Image guide (frame {frame})",
+             inputs if chain is None else {**inputs, "guides": (chain, 0)})]
+
+
+def _ab_outputs(prefix: str) -> Spec:
+    return _conv_decode() + _diffusion_decode() + [
+        (16, "LTX25DecoderCompare", "A/B: conv vs diffusion",
+         {"images_a": (13, 0), "images_b": (14, 0), "stats_a": (13, 1), "stats_b": (14, 1)}),
+        _save(17, (13, 0), f"{prefix}_conv", "Save conv"),
+        _save(18, (14, 0), f"{prefix}_diffusion", "Save diffusion"),
+        _save(19, (16, 0), f"{prefix}_side_by_side", "Save side by side", metadata=(16, 1))]
+
+
+ENCODER = (24, "LTX25VideoEncoderLoader", "Video encoder (in the conv VAE file)", {"vae_file": FILES["conv_vae"]})
+GUIDE_NOTE = ("The same guides go to both stages: each stage encodes the image at its own size (stage 1 at half, "
+              "stage 2 at full), pre-compressed with H.264 at the model's CRF first, as the reference does.")
+WORKFLOWS["ltx25_i2v_distilled"] = {
+    "nodes": _guided(_common(stats_vae=7), 26) + [ENCODER, *_image_guide(25, 26, "first", 0)]
+    + _ab_outputs("ltx25_i2v"),
+    "notes": {1: "Put the official LTX-2.5 files in ComfyUI's model folders (README); the image in ComfyUI's input "
+                 "folder. It is scaled to cover the clip and centre-cropped.", 26: GUIDE_NOTE},
+}
+WORKFLOWS["ltx25_flf2v_distilled"] = {
+    "nodes": _guided(_common(stats_vae=7), 28) + [ENCODER, *_image_guide(25, 26, "first", 0),
+                                                  *_image_guide(27, 28, "last", -1, chain=26)]
+    + _ab_outputs("ltx25_flf2v"),
+    "notes": {1: "Put the official LTX-2.5 files in ComfyUI's model folders (README); both images in ComfyUI's input "
+                 "folder.", 28: "frame_index −1 is the clip's last frame; chained guides add up. " + GUIDE_NOTE},
+}
+WORKFLOWS["ltx25_a2v_distilled"] = {
+    "nodes": [(i, c, t, {**v, "frames": (31, 1)} if i == 5 else v)
+              for i, c, t, v in _guided(_common(stats_vae=7), 31) if i not in (9, 15)]
+    + [(29, "LoadAudio", "Audio", {"audio": EXAMPLE_FILES["audio"]}),
+       (30, "LTX25AudioEncoderLoader", "Audio encoder (in the audio VAE file)", {"audio_vae_file": FILES["audio_vae"]}),
+       (31, "LTX25AudioGuide", "Audio guide (held)", {"audio": (29, 0), "audio_encoder": (30, 0), "fps": 24.0}),
+       *_conv_decode(),
+       (17, "LTX25SaveVideo", "Save video (the given audio)",
+        {"images": (13, 0), "audio": (29, 0), "latent": (12, 0), "filename_prefix": "ltx25_a2v"})],
+    "notes": {1: "Put the official LTX-2.5 files in ComfyUI's model folders (README); the audio in ComfyUI's input "
+                 "folder.",
+              31: "The audio is held bit for bit in both stages; frames (the 8k+1 frames it covers at fps) sets the "
+                  "clip's length: keep fps equal to Empty Latent's. Audio longer than the clip is refused at "
+                  "sampling.",
+              17: "The save muxes the given audio, not a decode of its latent."},
+}
+WORKFLOWS["ltx25_extend"] = {
+    "nodes": _common(stats_vae=7) + [
+        (7, "LTX25VideoVAELoader", "Conv video VAE", {"vae_file": FILES["conv_vae"]}),
+        (32, "LTX25ExtendClip", "Extend the clip", {"video_latent": (12, 0), "audio_latent": (12, 1),
+                                                    "new_frames": 48, "overlap": 2}),
+        (33, "LTX25DistilledSampler", "Window (full size, one stage)",
+         {"model": (1, 0), "conditioning": (4, 0), "video_latent": (32, 0), "audio_latent": (32, 1), "seed": 43,
+          "stage": "1", "guides": (32, 2)}),
+        (34, "LTX25JoinExtension", "Join", {"video_latent": (12, 0), "audio_latent": (12, 1),
+                                            "window_video": (33, 0), "window_audio": (33, 1), "overlap": 2}),
+        (35, "LTX25ConvVAEDecode", "Conv VAE decode (joined)", {"video_vae": (7, 0), "latent": (34, 0)}),
+        (36, "LTX25AudioDecode", "Audio decode (joined)", {"audio_vae": (9, 0), "audio_latent": (34, 1)}),
+        (37, "LTX25SaveVideo", "Save extended video", {"images": (35, 0), "audio": (36, 0), "latent": (34, 0),
+                                                       "filename_prefix": "ltx25_extend"})],
+    "notes": {1: "Put the official LTX-2.5 files in ComfyUI's model folders (README). The first two stages make the "
+                 "source clip; a LoadLatent pair can replace them.",
+              32: "The window starts with the source's last `overlap` latent frames held bit for bit, in the joined "
+                  "clip's positions; Join keeps the source and adds the window's new frames. Keep both overlaps "
+                  "equal."},
+}
+for _workflow in WORKFLOWS.values():
+    _workflow["notes"].setdefault(5, TWO_STAGE_NOTE)
+
 MODEL_FOLDERS = {name: folder for folder, name in (*OFFICIAL_FILES.values(), *DEV_FILES.values())}
 
 
-def to_api(spec: Spec, classes: Mapping[str, type] = NODE_CLASS_MAPPINGS) -> dict[str, dict]:
+CLASSES = {**CORE_STANDINS, **NODE_CLASS_MAPPINGS}  # what the specs name: the pack's nodes and two core loaders
+
+
+def to_api(spec: Spec, classes: Mapping[str, type] = CLASSES) -> dict[str, dict]:
     """API prompt with every widget filled: the spec's value, else the node's declared default."""
     prompt: dict[str, dict] = {}
     for node_id, class_type, title, given in spec:
@@ -180,7 +266,7 @@ def to_api(spec: Spec, classes: Mapping[str, type] = NODE_CLASS_MAPPINGS) -> dic
     return prompt
 
 
-def to_ui(prompt: Mapping[str, dict], notes: Mapping[int, str], classes: Mapping[str, type] = NODE_CLASS_MAPPINGS) -> dict:
+def to_ui(prompt: Mapping[str, dict], notes: Mapping[int, str], classes: Mapping[str, type] = CLASSES) -> dict:
     """A v0.4 UI workflow the canvas opens; converting it back with graph.ui_to_api gives `prompt`."""
     order = execution_order(prompt)
     depth: dict[str, int] = {}

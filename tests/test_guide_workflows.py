@@ -1,0 +1,114 @@
+"""The conditioning templates (i2v, first–last frame, a2v, extend) run headless on the tiny set, their image and audio
+read by the core-loader stand-ins (nodes/tools/core_standins.py) from an input folder: each save decodes with the
+requested frame count, the held image / audio / overlap come out of the samplers as given."""
+from __future__ import annotations
+
+import json
+import os
+import wave
+
+import av
+import numpy as np
+import pytest
+import torch
+
+from nodes.comfy import bridge as comfy_bridge
+from nodes.comfy import encode as encode_nodes
+from nodes.ltx.decode.tiling import TilingRequest
+from nodes.ltx.encode.image_prep import resize_crop
+from nodes.ltx.encode.video_encoder import encode_video
+from nodes.media.crf import precompress
+from nodes.tools import core_standins, run, workflow_specs
+from nodes.tools.graph import validate
+
+ROOT = workflow_specs.ROOT
+SIZE = {"width": 192, "height": 128, "frames": 17}  # as the t2v templates' tiny runs
+
+
+def _write_png(path: str, height: int, width: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    y, x = np.meshgrid(np.linspace(0, 255, height), np.linspace(0, 255, width), indexing="ij")
+    rgb = np.stack([x, y, (x + y) / 2], -1) + rng.normal(0, 12, (height, width, 3))
+    with av.open(path, "w", format="image2") as container:
+        stream = container.add_stream("png")
+        stream.width, stream.height, stream.pix_fmt = width, height, "rgb24"
+        frame = av.VideoFrame.from_ndarray(np.clip(rgb, 0, 255).astype(np.uint8), format="rgb24")
+        container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+
+
+@pytest.fixture
+def inputs(tmp_path, tiny_models):
+    folder = tmp_path / "input"
+    folder.mkdir()
+    names = workflow_specs.EXAMPLE_FILES
+    _write_png(str(folder / names["first"]), 70, 100, 1)  # another aspect than the clip's: cropped
+    _write_png(str(folder / names["last"]), 128, 192, 2)
+    samples = (np.sin(np.arange(9600) / 16000 * 2 * np.pi * 440) * 9000).astype(np.int16)  # 0.6 s, 16 kHz
+    with wave.open(str(folder / names["audio"]), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000), w.writeframes(samples.tobytes())
+    core_standins.set_input_dir(str(folder))
+    comfy_bridge.set_output_dir(str(tmp_path / "out"))
+    return folder
+
+
+def _run(name: str, **overrides) -> tuple[dict, dict]:
+    with open(os.path.join(ROOT, "workflows", "api", f"{name}.json"), encoding="utf-8") as f:
+        prompt = json.load(f)
+    prompt["5"]["inputs"].update({k: v for k, v in SIZE.items() if k not in overrides.get("keep", ())})
+    for node_id, values in overrides.get("set", {}).items():
+        prompt[node_id]["inputs"].update(values)
+    validate(prompt, workflow_specs.CLASSES)
+    return prompt, run.execute(prompt, workflow_specs.CLASSES)
+
+
+def _saved(prompt: dict, result: dict, frames: int) -> None:
+    paths = [result["outputs"][i][0] for i, n in prompt.items() if n["class_type"] == "LTX25SaveVideo"]
+    assert paths
+    for path in paths:
+        with av.open(path) as container:
+            assert sum(1 for _ in container.decode(video=0)) == frames and container.streams.audio, path
+
+
+def _image_latent(result: dict, folder, name: str, width: int, height: int) -> torch.Tensor:
+    """The encode of the image as the guide must make it: H.264 at CRF 18, cover-and-crop, the video encoder."""
+    image = core_standins.LoadImage().load_image(name)[0]
+    frames = resize_crop(torch.from_numpy(precompress(image.numpy(), 18)), width, height)
+    return encode_video(result["outputs"]["24"][0].module, frames[None], TilingRequest("off"))
+
+
+@pytest.mark.parametrize("name", ["ltx25_i2v_distilled", "ltx25_flf2v_distilled"])
+def test_image_templates_hold_the_encoded_first_frame_in_both_stages(inputs, name):
+    """Every save has 17 frames (an appended last-frame guide cropped); stage 1's and stage 2's first latent frame is
+    the encoded image at that stage's size (96×64, then 192×128)."""
+    prompt, result = _run(name)
+    _saved(prompt, result, 17)
+    first = workflow_specs.EXAMPLE_FILES["first"]
+    for node, (w, h) in (("10", (96, 64)), ("12", (192, 128))):
+        video = result["outputs"][node][0]["samples"]
+        assert video.shape[2] == 3, video.shape
+        want = _image_latent(result, inputs, first, w, h)
+        assert torch.allclose(video[:, :, :1], want, atol=1e-5), (node, (video[:, :, :1] - want).abs().max())
+
+
+def test_a2v_template_holds_the_given_audio_bit_for_bit(inputs):
+    """The audio guide's frames output sets the clip's length (0.6 s → 17 frames at 24 fps); both samplers return
+    the given audio's latent bit for bit; the save has 17 frames and the given audio."""
+    prompt, result = _run("ltx25_a2v_distilled", keep=("frames",))
+    _saved(prompt, result, 17)
+    audio = core_standins.LoadAudio().load(workflow_specs.EXAMPLE_FILES["audio"])[0]
+    latent = encode_nodes.LTX25EncodeAudio().encode(result["outputs"]["30"][0], audio)[0]["samples"]
+    assert result["outputs"]["31"][1] == 17
+    for node in ("10", "12"):
+        assert torch.equal(result["outputs"][node][1]["samples"][:, :, :latent.shape[2]], latent), node
+
+
+def test_extend_template_joins_the_requested_length(inputs):
+    """17 source frames extended by 16: the window's overlap is the source's last two latent frames bit for bit,
+    the joined latent has 5 frames and the save 33."""
+    prompt, result = _run("ltx25_extend", set={"32": {"new_frames": 16}})
+    _saved(prompt, result, 33)
+    source, window = result["outputs"]["12"][0]["samples"], result["outputs"]["33"][0]["samples"]
+    assert torch.equal(window[:, :, :2], source[:, :, 1:])
+    joined = result["outputs"]["34"][0]["samples"]
+    assert joined.shape[2] == 5 and torch.equal(joined[:, :, :3], source)
