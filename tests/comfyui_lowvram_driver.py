@@ -147,9 +147,10 @@ def lora_case(spec: dict, card: SimulatedCard, package: str) -> dict:
         with torch.inference_mode():
             x0 = T.denoise(module, video, audio, 0.6, cond, 24.0)
         streamer = streaming.streamer_of(module)
-        patches = sum(len(s.transforms) for s in streamer.streamed.values()) if streamer else 0
+        counts = (sum(len(s.transforms) for s in streamer.streamed.values()), streamer.streamed_count) \
+            if streamer else (0, 0)
         bridge.unload_model(handle.patcher)
-        return x0, patches
+        return x0, counts
 
     def relative(a, b) -> float:
         return max(float((x - y).abs().max() / y.abs().max()) for x, y in zip(a, b))
@@ -158,9 +159,9 @@ def lora_case(spec: dict, card: SimulatedCard, package: str) -> dict:
     plain, _ = run(base)
     resident, _ = run(patched)
     card.apply("LOW_VRAM", spec["weight_bytes"], None)
-    streamed, patches = run(patched)
+    streamed, (patches, blocks) = run(patched)
     card.reference()
-    return {"streamed_patches": patches, "lora_effect": relative(resident, plain),
+    return {"streamed_patches": patches, "streamed_blocks": blocks, "lora_effect": relative(resident, plain),
             "streamed_vs_resident": relative(streamed, resident),
             "restored": all(torch.equal(t, original[k]) for k, t in model.state_dict().items())}
 

@@ -11,7 +11,7 @@ import os
 import pytest
 
 import comfyui_harness as h
-from comfyui_harness import EXPECTED_NODES, EXPECTED_TEMPLATES
+from comfyui_harness import EXPECTED_NODES, RUN_TEMPLATES
 
 pytestmark = h.requires_comfyui
 
@@ -24,7 +24,7 @@ ALWAYS_COMPUTING = ("LTX25TransformerLoader", "LTX25VideoVAELoader", "LTX25Audio
 def report(tmp_path_factory, tiny_models) -> dict:
     """One driver run over every API workflow on the session's tiny set."""
     h.comfyui_path()
-    names = sorted({os.path.splitext(os.path.basename(p))[0] for p in h.api_workflows()} | set(EXPECTED_TEMPLATES))
+    names = sorted(RUN_TEMPLATES)
     paths = [os.path.join(h.PACK_ROOT, "workflows", "api", f"{n}.json") for n in names]
     missing = [p for p in paths if not os.path.isfile(p)]
     assert not missing, f"missing API workflows: {missing}"
@@ -53,7 +53,7 @@ def test_pack_loads_through_comfyuis_custom_node_loader_without_shadowing_its_no
     assert report["comfy_nodes_module"] == os.path.join(h.comfyui_path(), "nodes.py")
 
 
-@pytest.mark.parametrize("name", EXPECTED_TEMPLATES)
+@pytest.mark.parametrize("name", RUN_TEMPLATES)
 def test_workflow_validates_and_executes_successfully_in_prompt_executor(report, name):
     """ComfyUI's validate_prompt accepts the graph and PromptExecutor runs it to execution_success, with each
     save node reporting its files. Fails on any error the real executor raises inside a pack node."""
@@ -69,7 +69,7 @@ def test_workflow_validates_and_executes_successfully_in_prompt_executor(report,
             assert item["type"] != "output" or os.path.getsize(path) > 0, path
 
 
-@pytest.mark.parametrize("name", EXPECTED_TEMPLATES)
+@pytest.mark.parametrize("name", RUN_TEMPLATES)
 def test_pack_nodes_run_in_inference_mode_inside_the_executor(report, name):
     """Inside every pack node call, inference mode is on and grad is off, and every tensor the pack nodes hand
     to the executor (latents, images, audio) is an inference tensor. Fails when a node moves work to another
@@ -88,7 +88,7 @@ def test_pack_nodes_run_in_inference_mode_inside_the_executor(report, name):
     assert not leaked, f"{name}: non-inference tensors in node outputs: {leaked[:10]}"
 
 
-@pytest.mark.parametrize("name", EXPECTED_TEMPLATES)
+@pytest.mark.parametrize("name", RUN_TEMPLATES)
 def test_every_model_that_computes_was_loaded_by_comfy_model_management(report, name):
     """Each model handle a loader returns carries a real `comfy.model_patcher.ModelPatcher`, and every one whose
     module ran a forward pass during the run went through ComfyUI's `load_models_gpu` (so ComfyUI can place,

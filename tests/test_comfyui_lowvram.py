@@ -175,12 +175,13 @@ def test_models_evicted_by_a_preview_mid_run_are_loaded_again_before_the_next_st
 
 
 def test_streamed_lora_layers_get_the_patch_on_each_device_copy(report):
-    """A LoRA'd tiny transformer (float32): on the tight card its LoRA'd layers stream and get ComfyUI's own LoRA
-    patch on each device copy (core's lowvram patch); the x0 equals the whole-load x0 (patched once on load) far
-    within the LoRA's own effect, and unloading leaves every weight as read from the file (the host copies were never
-    patched). Fails when streamed layers run unpatched or the patch is baked into the host copy."""
+    """A LoRA'd tiny transformer (float32): on the tight card its LoRA'd layers stream — with the LoRA applied on the
+    fly from its factors (the pack's default for LoRAs, `streamed_patches` 0), or with ComfyUI's own LoRA patch on
+    each device copy for merged weight patches (core's lowvram patch); the x0 equals the whole-load x0 far within the
+    LoRA's own effect, and unloading leaves every weight as read from the file (the host copies were never patched).
+    Fails when streamed layers run without the LoRA or the patch is baked into the host copy."""
     lora = report["lora"]
     assert "exception" not in lora, lora.get("exception")
-    assert lora["streamed_patches"] > 0 and lora["lora_effect"] > 1e-4, lora
+    assert lora["streamed_blocks"] > 0 and lora["lora_effect"] > 1e-4, lora
     assert lora["streamed_vs_resident"] <= 0.01 * lora["lora_effect"], lora
     assert lora["restored"], lora

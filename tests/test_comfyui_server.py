@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 import comfyui_harness as h
-from comfyui_harness import EXPECTED_NODES, EXPECTED_TEMPLATES
+from comfyui_harness import EXPECTED_NODES, EXPECTED_TEMPLATES, RUN_TEMPLATES
 
 pytestmark = h.requires_comfyui
 
@@ -138,8 +138,7 @@ def test_loader_widgets_list_the_tiny_files_under_their_official_names(server, t
 
 
 def _api_workflow_names() -> list[str]:
-    shipped = {os.path.splitext(os.path.basename(p))[0] for p in h.api_workflows()}
-    return sorted(shipped | set(EXPECTED_TEMPLATES))
+    return sorted(RUN_TEMPLATES)
 
 
 @pytest.mark.parametrize("name", _api_workflow_names())
@@ -184,9 +183,8 @@ def test_api_workflow_runs_to_success_and_its_outputs_exist(server, tiny_set, ob
 
 
 def _broken_base() -> dict:
-    paths = h.api_workflows()
-    assert paths, "no workflows/api/*.json to break"
-    return h.load_json(paths[0])
+    assert RUN_TEMPLATES, "no text-to-video workflow to break"
+    return h.load_json(os.path.join(h.PACK_ROOT, "workflows", "api", f"{RUN_TEMPLATES[0]}.json"))
 
 
 def _refused(server, prompt: dict) -> dict:
