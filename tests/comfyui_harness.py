@@ -40,8 +40,16 @@ if PACK_ROOT not in sys.path:
 from nodes.registry import NODE_CLASS_MAPPINGS as _PACK_NODES  # noqa: E402
 
 EXPECTED_NODES = tuple(sorted(_PACK_NODES))
-EXPECTED_TEMPLATES = tuple(sorted(os.path.splitext(name)[0] for name in os.listdir(os.path.join(PACK_ROOT, "workflows"))
-                                  if name.endswith(".json")))
+
+
+def _json_names(folder: str) -> tuple[str, ...]:
+    return tuple(sorted(os.path.splitext(name)[0] for name in os.listdir(folder) if name.endswith(".json")))
+
+
+# The template browser lists the UI files by name, so they are named after their card titles
+# (nodes/tools/workflow_specs.py TITLES); their API twins in workflows/api keep the short names.
+EXPECTED_TEMPLATE_TITLES = _json_names(os.path.join(PACK_ROOT, "workflows"))
+EXPECTED_TEMPLATES = _json_names(os.path.join(PACK_ROOT, "workflows", "api"))
 # The templates this tier RUNS: the text-to-video ones. The conditioning templates (i2v, flf2v, a2v, extend) read
 # example files from ComfyUI's input folder and size their clips through links that SMALL_CLIP would overwrite; they
 # run headless on the tiny set in tests/test_guide_workflows.py, not yet inside ComfyUI here.

@@ -11,12 +11,13 @@ import json
 import os
 import socket
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
 
 import comfyui_harness as h
-from comfyui_harness import EXPECTED_NODES, EXPECTED_TEMPLATES, RUN_TEMPLATES
+from comfyui_harness import EXPECTED_NODES, EXPECTED_TEMPLATE_TITLES, RUN_TEMPLATES
 
 pytestmark = h.requires_comfyui
 
@@ -93,15 +94,20 @@ def test_object_info_lists_every_pack_node_with_its_declared_inputs(server, obje
 
 def test_workflow_templates_list_the_shipped_workflows(server):
     """ComfyUI lists the pack's `workflows/` folder as templates under the pack's folder name and serves each file
-    unchanged. Fails when a workflow is missing, renamed, or put where ComfyUI does not look."""
+    unchanged, with the thumbnail its card asks for (`<name>.jpg`). Fails when a workflow or its thumbnail is
+    missing, renamed, or put where ComfyUI does not look."""
     templates = server.client.get("/workflow_templates")
-    assert sorted(templates.get(h.PACK_FOLDER, [])) == sorted(EXPECTED_TEMPLATES), f"/workflow_templates: {templates}"
-    for name in EXPECTED_TEMPLATES:
-        served = server.client.get(f"/api/workflow_templates/{h.PACK_FOLDER}/{name}.json")
+    assert sorted(templates.get(h.PACK_FOLDER, [])) == sorted(EXPECTED_TEMPLATE_TITLES), \
+        f"/workflow_templates: {templates}"
+    for name in EXPECTED_TEMPLATE_TITLES:
+        route = f"/api/workflow_templates/{h.PACK_FOLDER}/{urllib.parse.quote(name)}"
+        served = server.client.get(f"{route}.json")
         served = json.loads(served) if isinstance(served, (bytes, str)) else served
         on_disk = h.load_json(os.path.join(h.PACK_ROOT, "workflows", f"{name}.json"))
         assert served == on_disk, f"{name}: the served template differs from workflows/{name}.json"
         assert on_disk.get("version") == 0.4 and on_disk.get("nodes"), f"{name}: not a v0.4 UI workflow"
+        with open(os.path.join(h.PACK_ROOT, "workflows", f"{name}.jpg"), "rb") as f:
+            assert server.client.get(f"{route}.jpg") == f.read(), f"{name}.jpg is not served as the card asks"
 
 
 def test_extensions_serve_every_pack_script(server):

@@ -3,7 +3,10 @@
     python -m nodes.tools.workflow_specs        # rewrites workflows/*.json (UI, v0.4) and workflows/api/*.json
 
 A spec lists nodes as (id, class, title, {input: value or (source_id, output_index)}); inputs left out take the
-node's declared default. The UI file is laid out in columns by dependency depth; notes sit where a user chooses.
+node's declared default; "notes" puts a Note above a node; "phases" ({node id: group title}) overrides where
+canvas_layout puts a node. The UI file is named after the template's title (TITLES): ComfyUI 0.33's template browser
+shows a custom node pack's template by its file name, and `<title>.jpg` beside it as its thumbnail
+(`tests/render_thumbnails.py` renders them from the canvas). The API twin keeps the short name.
 `tests/test_workflows.py` checks that converting each UI file back gives its API twin.
 """
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Mapping
 from ..ltx.release import OFFICIAL_FILES
 from ..registry import NODE_CLASS_MAPPINGS
 from .core_standins import CLASSES as CORE_STANDINS
+from . import canvas_layout
 from .graph import execution_order, has_control_value, input_specs, is_widget
 from .tiny.lora import DEV_FILES
 
@@ -72,13 +76,13 @@ def _dev_two_stage(stats_vae: int, seed: int = 42) -> Spec:
         (5, "LTX25EmptyLatent", "Size (final; stage 1 runs at half)", {"width": 768, "height": 512, "frames": 121}),
         (6, "LTX25UpsamplerLoader", "Latent upsampler x2", {"upsampler_file": FILES["upsampler"]}),
         (9, "LTX25AudioVAELoader", "Audio VAE + vocoder", {"audio_vae_file": FILES["audio_vae"]}),
-        (10, "LTX25GuidedSampler", "Stage 1 (dev, 30 guided steps, half size)",
+        (10, "LTX25GuidedSampler", "Stage 1 (dev, 30 guided steps)",
          {"model": (1, 0), "guider": (22, 0), "video_latent": (5, 0), "audio_latent": (5, 1), "seed": seed}),
         (23, "LTX25LoraLoader", "Distilled LoRA (stage 2)",
          {"model": (1, 0), "lora_file": DEV_NAMES["distilled_lora"], "strength": 1.0}),
         (11, "LTX25LatentUpsample", "Upsample x2",
          {"upsampler": (6, 0), "video_vae": (stats_vae, 0), "video_latent": (10, 0)}),
-        (12, "LTX25DistilledSampler", "Stage 2 (3 steps, distilled LoRA, full size)",
+        (12, "LTX25DistilledSampler", "Stage 2 (3 steps, distilled LoRA)",
          {"model": (23, 0), "conditioning": (4, 0), "video_latent": (11, 0), "audio_latent": (10, 1), "seed": seed,
           "stage": "2"}),
         (15, "LTX25AudioDecode", "Audio decode (stage 1's audio)", {"audio_vae": (9, 0), "audio_latent": (10, 1)}),
@@ -242,6 +246,24 @@ WORKFLOWS["ltx25_extend"] = {
 for _workflow in WORKFLOWS.values():
     _workflow["notes"].setdefault(5, TWO_STAGE_NOTE)
 
+# The template browser's card titles (the UI files' names): short enough for one line of a card, and only
+# characters every file system and URL path takes.
+TITLES = {
+    "ltx25_t2v_distilled_decoder_ab": "LTX-2.5 T2V, A-B decoders",
+    "ltx25_t2v_distilled_conv": "LTX-2.5 T2V, conv VAE",
+    "ltx25_t2v_distilled_diffusion_vae": "LTX-2.5 T2V, diffusion VAE",
+    "ltx25_t2v_dev_two_stage": "LTX-2.5 T2V dev, A-B decoders",
+    "ltx25_i2v_distilled": "LTX-2.5 I2V, A-B decoders",
+    "ltx25_flf2v_distilled": "LTX-2.5 FLF2V, A-B decoders",
+    "ltx25_a2v_distilled": "LTX-2.5 A2V, conv VAE",
+    "ltx25_extend": "LTX-2.5 extend, conv VAE",
+}
+
+
+def ui_name(name: str) -> str:
+    """The UI file's name without .json (the card title); a template without a title keeps its short name."""
+    return WORKFLOWS[name].get("title") or TITLES.get(name, name)
+
 MODEL_FOLDERS = {name: folder for folder, name in (*OFFICIAL_FILES.values(), *DEV_FILES.values())}
 
 
@@ -266,14 +288,16 @@ def to_api(spec: Spec, classes: Mapping[str, type] = CLASSES) -> dict[str, dict]
     return prompt
 
 
-def to_ui(prompt: Mapping[str, dict], notes: Mapping[int, str], classes: Mapping[str, type] = CLASSES) -> dict:
-    """A v0.4 UI workflow the canvas opens; converting it back with graph.ui_to_api gives `prompt`."""
+def to_ui(prompt: Mapping[str, dict], notes: Mapping[int, str], classes: Mapping[str, type] = CLASSES,
+          phases: Mapping[int, str] | None = None) -> dict:
+    """A v0.4 UI workflow the canvas opens, laid out in groups by canvas_layout; converting it back with
+    graph.ui_to_api gives `prompt`."""
     order = execution_order(prompt)
-    depth: dict[str, int] = {}
-    for node_id in order:
-        sources = [v[0] for v in prompt[node_id]["inputs"].values() if isinstance(v, list)]
-        depth[node_id] = 1 + max((depth[s] for s in sources), default=-1)
-    rows: dict[int, int] = {}
+    next_id = max(int(i) for i in prompt) + 1
+    note_ids = {target: next_id + i for i, target in enumerate(notes)}
+    groups = canvas_layout.phase_blocks(prompt, notes, classes, {t: str(i) for t, i in note_ids.items()}, phases)
+    layout = canvas_layout.place(groups)
+    boxes = {box.key: box for _title, _color, blocks in groups for block in blocks for box in block}
     links: list[list] = []
     node_inputs: dict[str, list[dict]] = {}
     node_widgets: dict[str, list] = {}
@@ -298,15 +322,14 @@ def to_ui(prompt: Mapping[str, dict], notes: Mapping[int, str], classes: Mapping
     for order_index, node_id in enumerate(order):
         node = prompt[node_id]
         cls = classes[node["class_type"]]
-        column = depth[node_id]
-        row = rows[column] = rows.get(column, -1) + 1
         inputs, widgets = node_inputs[node_id], node_widgets[node_id]
         out_links = {slot: [l[0] for l in links if l[1] == int(node_id) and l[2] == slot]
                      for slot in range(len(cls.RETURN_TYPES))}
         names = getattr(cls, "RETURN_NAMES", cls.RETURN_TYPES)
         ui_node = {
             "id": int(node_id), "type": node["class_type"], "title": node["_meta"]["title"],
-            "pos": [40 + 380 * column, 40 + 260 * row], "size": [340, 200], "flags": {}, "order": order_index,
+            "pos": list(layout.positions[node_id]), "size": [boxes[node_id].width, boxes[node_id].height],
+            "flags": {}, "order": order_index,
             "mode": 0, "inputs": inputs,
             "outputs": [{"name": n, "type": t, "links": out_links[i], "slot_index": i}
                         for i, (n, t) in enumerate(zip(names, cls.RETURN_TYPES))],
@@ -321,24 +344,24 @@ def to_ui(prompt: Mapping[str, dict], notes: Mapping[int, str], classes: Mapping
             if decoder in node["class_type"].lower() or decoder in node["_meta"]["title"].lower():
                 ui_node |= {"color": color, "bgcolor": bgcolor}
         nodes.append(ui_node)
-    next_id = max(int(i) for i in prompt) + 1
     for target, text in notes.items():
-        anchor = next(n for n in nodes if n["id"] == target)
-        nodes.append({"id": next_id, "type": "Note", "title": "Note", "pos": [anchor["pos"][0], anchor["pos"][1] - 120],
-                      "size": [340, 100], "flags": {}, "order": len(nodes), "mode": 0, "inputs": [], "outputs": [],
-                      "properties": {}, "widgets_values": [text], "color": "#432", "bgcolor": "#653"})
-        next_id += 1
-    return {"id": "00000000-0000-4000-8000-00000000ab25", "revision": 0, "last_node_id": next_id - 1,
-            "last_link_id": len(links), "nodes": nodes, "links": links, "groups": [], "config": {},
-            "extra": {"ds": {"scale": 0.6, "offset": [0, 0]}}, "version": 0.4}
+        key = str(note_ids[target])
+        nodes.append({"id": note_ids[target], "type": "Note", "title": "Note", "pos": list(layout.positions[key]),
+                      "size": [boxes[key].width, boxes[key].height], "flags": {}, "order": len(nodes), "mode": 0,
+                      "inputs": [], "outputs": [], "properties": {}, "widgets_values": [text],
+                      "color": "#432", "bgcolor": "#653"})
+    return {"id": "00000000-0000-4000-8000-00000000ab25", "revision": 0,
+            "last_node_id": max(n["id"] for n in nodes), "last_link_id": len(links), "nodes": nodes,
+            "links": links, "groups": layout.groups, "config": {}, "extra": {"ds": layout.ds}, "version": 0.4}
 
 
 def write_all(root: str = ROOT) -> list[str]:
     written = []
     for name, workflow in WORKFLOWS.items():
         api = to_api(workflow["nodes"])
+        ui = to_ui(api, workflow["notes"], phases=workflow.get("phases"))
         for path, data in ((os.path.join(root, "workflows", "api", f"{name}.json"), api),
-                           (os.path.join(root, "workflows", f"{name}.json"), to_ui(api, workflow["notes"]))):
+                           (os.path.join(root, "workflows", f"{ui_name(name)}.json"), ui)):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(data, f, indent=1)
