@@ -40,6 +40,11 @@ COMPARE_VIEWER = 424
 # ComfyUI's core loaders the conditioning templates start from: an upload button under the file widget, then the
 # image (at the node's width) or an audio player.
 UPLOAD_BUTTON, AUDIO_PLAYER = 24, 60
+# A line of text a node sends during its run (bridge.show_on_node, ComfyUI's progress text) is shown under its
+# widgets in a box of about 40 px: the conv decode's and the video encode's tile plans on every run, a sampler's
+# note on compiling, or on how much of the transformer streams from host memory when ComfyUI loads it in part.
+PROGRESS_TEXT = 44
+SHOWS_PROGRESS_TEXT = ("LTX25ConvVAEDecode", "LTX25EncodeVideo", "LTX25DistilledSampler", "LTX25GuidedSampler")
 VIDEO_PREVIEW_MARGIN = 18  # the preview spans the node's width less its margins, at the clip's aspect ratio
 # The page a template opens in: a 1920×1080 screen.
 VIEWPORT = (1920, 1080)
@@ -147,6 +152,8 @@ def node_size(class_type: str, node_class: type, preview_aspect: float,
     height = 6 + SLOT_H * rows + (WIDGET_H * widgets + 8 if widgets else 0)
     height += sum(max(MULTILINE_EXTRA, 14 * text_lines(t, width) + 16 - WIDGET_H) if isinstance(t, str)
                   else MULTILINE_EXTRA for t in texts)
+    if class_type in SHOWS_PROGRESS_TEXT:
+        height += PROGRESS_TEXT
     if class_type in ("LTX25ConvVAEDecode", "LTX25DiffusionVAEDecode"):
         height += DECODE_PANEL
     elif class_type == "LTX25DecoderCompare":
