@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     for stage, (entry, batching) in steps.items():
         pick = (lambda e: e[batching]["s_per_step"]) if batching else (lambda e: e["s_per_step"])  # noqa: E731
         extra = pick(entry["on_the_fly"]) - pick(entry["merged"])
-        result["break_even_steps"][stage] = round(cost / extra, 1) if extra > 0 else None
+        # 0: merging costs no more to switch; None: on the fly is no slower per step, merging never pays
+        result["break_even_steps"][stage] = None if extra <= 0 else round(max(cost, 0.0) / extra, 1)
     result["wall_s"] = round(time.perf_counter() - wall, 1)
     text = json.dumps(result)
     with open(args.out, "w", encoding="utf-8") as f:
