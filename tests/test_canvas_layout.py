@@ -93,8 +93,9 @@ def test_template_opens_whole_and_in_full_detail_on_a_1920x1080_screen(name):
 
 def test_phases_follow_the_graph():
     """Phases come from the graph, so new templates get groups for free: a loader without inputs loads models, a
-    sampler after the latent upsample is stage 2 (before it, stage 1), a save of the compare output sits under the
-    viewer, a node of a class the rules do not know joins what it feeds, and an override wins. Fails when a rule
+    sampler after the latent upsample is stage 2 (before it, stage 1; after an extend, the extend window), a save of
+    the compare output sits under the viewer, a node of a class the rules do not know joins what it feeds (an image
+    loader its guide's stage, an audio loader the guides), and an override wins. Fails when a rule
     is lost, so a template puts a node in the wrong group."""
     prompt = {
         "1": {"class_type": "LTX25TransformerLoader", "inputs": {}},
@@ -107,9 +108,14 @@ def test_phases_follow_the_graph():
         "8": {"class_type": "LTX25DecoderCompare", "inputs": {"images_a": ["7", 0], "images_b": ["7", 0]}},
         "9": {"class_type": "LTX25SaveVideo", "inputs": {"images": ["8", 0]}},
         "10": {"class_type": "LTX25SaveVideo", "inputs": {"images": ["7", 0]}},
+        "11": {"class_type": "LoadAudio", "inputs": {}},
+        "12": {"class_type": "LTX25AudioGuide", "inputs": {"audio": ["11", 0]}},
+        "13": {"class_type": "LTX25ExtendClip", "inputs": {"video_latent": ["6", 0]}},
+        "14": {"class_type": "LTX25DistilledSampler", "inputs": {"video_latent": ["13", 0], "guides": ["13", 2]}},
     }
     phase = canvas_layout.phases_of(prompt)
     assert phase == {"1": "Load models", "2": "Stage 1: half size", "3": "Stage 1: half size",
                      "4": "Stage 1: half size", "5": "Stage 2: full size", "6": "Stage 2: full size",
-                     "7": "Decode A: conv VAE", "8": "Compare A/B", "9": "Compare A/B", "10": "Save"}, phase
+                     "7": "Decode A: conv VAE", "8": "Compare A/B", "9": "Compare A/B", "10": "Save",
+                     "11": "Guides", "12": "Guides", "13": "Extend", "14": "Extend"}, phase
     assert canvas_layout.phases_of(prompt, {10: "Decode A: conv VAE"})["10"] == "Decode A: conv VAE"

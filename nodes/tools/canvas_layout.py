@@ -38,8 +38,9 @@ DECODE_PANEL = 124
 WIDTHS = {"LTX25EncodePrompt": 320, "LTX25DecoderCompare": 470}
 COMPARE_VIEWER = 424
 # ComfyUI's core loaders the conditioning templates start from: an upload button under the file widget, then the
-# image (at the node's width) or an audio player.
-UPLOAD_BUTTON, AUDIO_PLAYER = 24, 60
+# image at the node's width (sized here for an image of the clip's aspect, which the guide crops to; measured: 29 px
+# of margins around it) or an audio player.
+UPLOAD_BUTTON, IMAGE_MARGIN, AUDIO_PLAYER = 24, 40, 60
 # A line of text a node sends during its run (bridge.show_on_node, ComfyUI's progress text) is shown under its
 # widgets in a box of about 40 px: the conv decode's and the video encode's tile plans on every run, a sampler's
 # note on compiling, or on how much of the transformer streams from host memory when ComfyUI loads it in part.
@@ -161,7 +162,7 @@ def node_size(class_type: str, node_class: type, preview_aspect: float,
     elif class_type == "LTX25SaveVideo":
         height += math.ceil((width - VIDEO_PREVIEW_MARGIN) * preview_aspect) + 8
     elif class_type == "LoadImage":
-        height += UPLOAD_BUTTON + math.ceil((width - VIDEO_PREVIEW_MARGIN) * preview_aspect) + 8
+        height += UPLOAD_BUTTON + math.ceil((width - VIDEO_PREVIEW_MARGIN) * preview_aspect) + IMAGE_MARGIN
     elif class_type == "LoadAudio":
         height += UPLOAD_BUTTON + AUDIO_PLAYER
     return width, height
