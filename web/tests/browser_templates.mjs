@@ -160,9 +160,9 @@ async function readCards(page) {
 }
 
 /** Load one template (as the template browser does), size it for the tiny set, queue it, wait for the run. */
-async function loadAndRun(page, title) {
+async function loadAndRun(page, title, runIndex) {
   await fetch(new URL("api/free", opt.url), { method: "POST", headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({ unload_models: true, free_memory: true }) });  // no cached outputs: every node runs
+    body: JSON.stringify({ unload_models: true, free_memory: true }) });
   const url = `/api/workflow_templates/${encodeURIComponent(opt.pack)}/${encodeURIComponent(title)}.json`;
   await page.evaluate(async ({ url, title }) => {
     const { app } = window.comfyAPI.app;
@@ -172,7 +172,7 @@ async function loadAndRun(page, title) {
   await frames(page, 3);
   const opened = await measureOpen(page);
   await page.screenshot({ path: path.join(opt.out, `${title.replace(/\W+/g, "_")}_open.png`) });
-  const run = await page.evaluate(async ({ timeoutMs, widgets }) => {
+  const run = await page.evaluate(async ({ timeoutMs, widgets, seed }) => {
     const { app } = window.comfyAPI.app, { api } = window.comfyAPI.api;
     const known = new Set(Object.keys(window.LiteGraph.registered_node_types));
     const missing_types = app.graph.nodes.map((n) => n.type).filter((t) => !known.has(t));
@@ -183,6 +183,9 @@ async function loadAndRun(page, title) {
         if (!widget) throw new Error(`${node.comfyClass} ${node.id} has no widget ${name}`);
         widget.value = value;
       }
+      // A seed of this run's own, so nothing comes from ComfyUI's cache of an earlier template (a cached decode
+      // sends no "executed" and shows no figures); /free drops the cache too, but only when its worker gets to it.
+      for (const widget of node.widgets ?? []) if (widget.name === "seed") widget.value = seed;
     }
     const finished = new Promise((resolve) => {
       api.addEventListener("execution_success", () => resolve({ status: "success" }), { once: true });
@@ -207,7 +210,7 @@ async function loadAndRun(page, title) {
     const output_ids = app.graph.nodes.filter((n) => n.constructor.nodeData?.output_node).map((n) => String(n.id));
     return { missing_types, status, node_errors: response?.node_errors ?? {}, executed_nodes, output_ids,
       compare_ids: app.graph.nodes.filter((n) => n.comfyClass === "LTX25DecoderCompare").map((n) => String(n.id)) };
-  }, { timeoutMs, widgets: JSON.parse(opt.widgets) });
+  }, { timeoutMs, widgets: JSON.parse(opt.widgets), seed: 1000 + runIndex });
   return { opened, run };
 }
 
@@ -374,10 +377,10 @@ try {
     await page.keyboard.press("Escape");
   }
 
-  for (const title of templates) {
+  for (const [index, title] of templates.entries()) {
     const entry = (result.templates[title] = {});
     try {
-      Object.assign(entry, await loadAndRun(page, title));
+      Object.assign(entry, await loadAndRun(page, title, index));
       const { run } = entry;
       if (run.status.status !== "success") throw new Error(`run ended: ${JSON.stringify(run.status).slice(0, 2000)}`);
       if (Object.keys(run.node_errors).length) {
