@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_transformer import REAL_SHAPES, SMOKE_SHAPES, build, median_seconds, sync  # noqa: E402
+from nodes.comfy.bridge import FAST_PINNING  # noqa: E402
 from nodes.ltx import streaming  # noqa: E402
 from nodes.ltx.conditioning import Conditioning  # noqa: E402
 from nodes.ltx.dit import transformer as T  # noqa: E402
@@ -57,7 +58,7 @@ def pinned_alloc_rate(device: torch.device, gib: float = 4.0) -> dict:
     several threads), each on a fresh size so the caching allocator cannot reuse a block."""
     source = torch.empty(int(gib * GIB), dtype=torch.uint8, device=device)
     rates = {}
-    for k, setting in enumerate((None, "pinned_use_cuda_host_register:True,pinned_num_register_threads:8")):
+    for k, setting in enumerate((None, FAST_PINNING)):
         if setting is not None:
             try:
                 torch.cuda.memory._set_allocator_settings(setting)
