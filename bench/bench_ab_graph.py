@@ -63,6 +63,7 @@ WORKFLOW = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 LOADERS = {"1": "transformer", "2": "text_encoder", "6": "upsampler", "7": "conv_vae", "8": "diffusion_vae",
            "9": "audio_vae"}
 SAMPLERS, DECODERS, OUTPUTS = ("10", "12"), ("13", "14", "15"), ("16", "17", "18", "19")
+CONV_ONLY_DROPS = ("8", "14", "16", "18", "19")  # --conv-only: the diffusion VAE's loader, decode, compare and saves
 NEW_PROMPT = "A paper boat drifts down a rain-filled gutter at dusk, neon reflections, the patter of rain."
 UPSAMPLER_CONFIG = {"_class_name": "LatentUpsampler", "in_channels": 128, "mid_channels": 1024,  # docs/MODEL.md §8
                     "num_blocks_per_stage": 4, "dims": 3, "spatial_upsample": True, "temporal_upsample": False,
@@ -372,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transformer", choices=("bf16", "nvfp4"), default="bf16", help="CUDA: nvfp4 quantizes "
                         "every Linear of the DiT's blocks as the released -nvfp4 file stores them (kept packed, "
                         "dequantized just in time)")
+    parser.add_argument("--conv-only", action="store_true", help="drop the diffusion decoder and the compare: the "
+                        "conv-VAE graph (workflows/api/ltx25_t2v_distilled_conv.json's nodes), for the smallest cards")
     parser.add_argument("--size", default=None, help="WIDTHxHEIGHTxFRAMES on CUDA (default 768x512x121)")
     parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "bench_ab_graph.json")
                         if os.environ.get("OUT") else None)
@@ -389,7 +392,11 @@ def main(argv: list[str] | None = None) -> int:
     prompt["5"]["inputs"].update(width=width, height=height, frames=frames)
     for node_id in SAMPLERS:
         prompt[node_id]["inputs"]["acceleration"] = acceleration
-    prompt["14"]["inputs"]["processor"] = "auto"
+    if args.conv_only:
+        for node_id in CONV_ONLY_DROPS:
+            del prompt[node_id]
+    else:
+        prompt["14"]["inputs"]["processor"] = "auto"
 
     work = tempfile.mkdtemp(prefix="bench_ab_graph_")
     bridge.set_models_dir(os.path.join(work, "models"))
@@ -397,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     write_tiny_set(os.path.join(work, "models"))
     validate(prompt, NODE_CLASS_MAPPINGS)  # against the tiny files' names (= the official names)
     te.clear_caches()
-    result: dict = {"bench": "ab_graph", "shape": f"{width}x{height}x{frames}", "acceleration": acceleration,
+    result: dict = {"bench": "ab_graph_conv_only" if args.conv_only else "ab_graph", "shape": f"{width}x{height}x{frames}", "acceleration": acceleration,
                     "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                     "torch": torch.__version__, "errors": {}}
     if device.type == "cuda":
@@ -405,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         result["gpu_total_gib"] = torch.cuda.mem_get_info(device)[1] / GiB
         tiny_text_encoder = os.path.join(work, "models", *OFFICIAL_FILES["text_encoder"])
         preset, result["build_s"], gemma = build_real(device, tiny_text_encoder, args.transformer)
+        preset = {k: v for k, v in preset.items() if k in prompt}
         result["transformer_format"] = args.transformer
         heavy = {LOADERS[k]: v[0].module for k, v in preset.items() if k != "2"}
         heavy["text_encoder"] = gemma
@@ -419,8 +427,8 @@ def main(argv: list[str] | None = None) -> int:
             filler = torch.empty(filler_bytes, dtype=torch.uint8, device=device)  # held until the process ends
             result["card_gib"], result["filler_gib"] = args.card_gib, filler.numel() / GiB
     else:
-        loaders, outputs, _ = run_graph(prompt, {}, device, {}, only=tuple(LOADERS))  # the normal loader nodes
-        preset = {k: outputs[k] for k in LOADERS}
+        loaders, outputs, _ = run_graph(prompt, {}, device, {}, only=tuple(k for k in LOADERS if k in prompt))  # the loader nodes
+        preset = {k: outputs[k] for k in LOADERS if k in prompt}
         result["build_s"] = {LOADERS[k]: round(row["s"], 3) for k, row in loaders.items()}
         heavy = {LOADERS[k]: v[0].module for k, v in preset.items() if k != "2"}
     trace, pauses = CpuTrace() if args.cpu_trace else None, Pauses()
@@ -467,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         end_to_end_cold_s=cold_wall, end_to_end_warm_s=warm_wall,
         to_decoded_warm_s=max(warm[k]["t_end"] for k in decoded),  # the saves may still run then
         compile_and_capture_s={k: cold[k]["s"] - warm[k]["s"] for k in SAMPLERS},
-        transformer_on_gpu_at_decoder_start={k: "transformer" in warm[k]["on_gpu_start"] for k in DECODERS},
+        transformer_on_gpu_at_decoder_start={k: "transformer" in warm[k]["on_gpu_start"] for k in DECODERS if k in warm},
         loaded_models_at_end=bridge.loaded_model_count())
     print(_table(cold, warm))
     print(f"end to end: cold {result['end_to_end_cold_s']:.2f} s, warm {result['end_to_end_warm_s']:.2f} s "
