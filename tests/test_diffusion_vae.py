@@ -446,3 +446,15 @@ def test_slabbed_decode_equals_the_whole_clip_decode(vae, monkeypatch, pre_chunk
     assert stats.extra["grid"][0] > 1 and slab_stats.extra["grid"] == stats.extra["grid"]
     err = (got - whole).abs().max()
     assert err < 1e-5, f"max diff {err:.2e}"
+
+
+def test_model_management_is_asked_for_what_the_processors_blocks_hold(vae):
+    """The node asks model management to free the untiled decode's working memory for the processor it will run:
+    the lean blocks' count with the triton processor (5 tensors of stage 5's width per token), diffusers' blocks'
+    otherwise (12), and never less than the decode will plan with."""
+    from nodes.ltx.kernels import na_attention as na
+    shape, triton = (1, 128, 4, 3, 3), na.TritonNAProcessor()  # constructed only: nothing runs here
+    lean, full = dv.working_memory(vae, shape, None, triton), dv.working_memory(vae, shape)
+    untiled = dv.plan(vae, shape[2:], OFF, None)
+    assert lean == dv.memory_model(vae, 1, triton).estimate(untiled) < full
+    assert full == dv.memory_model(vae, 1).estimate(untiled)

@@ -385,9 +385,10 @@ class MemoryModel:
         hidden state, the normed input and output of one piece, and three hidden-width temporaries per row (lean:
         chunks of `chunk_elements` values; diffusers: its fixed tile)."""
         hidden = (4 * channels + 15) // 16 * 16
-        if self.chunk_elements:
-            return int(max(tokens * channels * self.det_live + self.chunk_elements,
-                           tokens * channels + 5 * self.chunk_elements))
+        if self.chunk_elements:  # MLP pieces of `chunk_elements` hidden-width values: normed input, output, 3 wide
+            rows = min(tokens, max(1, self.chunk_elements // hidden))
+            return int(max(tokens * channels * self.det_live + min(self.chunk_elements, tokens * channels),
+                           tokens * channels + rows * (2 * channels + 3 * hidden)))
         return int(max(tokens * channels * self.det_live,
                        3 * tokens * channels + 3 * min(tokens, DIFFUSERS_SWIGLU_ROWS) * hidden))
 

@@ -283,13 +283,14 @@ def default_request(vae: DiffusionVAE, mode: str = "auto") -> TilingRequest:
     return TilingRequest(mode, tile_frames=80, tile_pixels=512, overlap_frames=frames, overlap_pixels=pixels)
 
 
-def working_memory(vae: DiffusionVAE, latent_shape: tuple[int, ...], request: TilingRequest | None = None) -> int:
+def working_memory(vae: DiffusionVAE, latent_shape: tuple[int, ...], request: TilingRequest | None = None,
+                   processor: na_attention.NeighborhoodAttnProcessor | None = None) -> int:
     """Bytes a decode of `[B, 128, T, H, W]` needs beyond the weights: the manual tiles' for a `manual` request,
     else the untiled decode's — what model management is asked to free before the decode (auto tiling then plans
-    within whatever is actually free). No processor is known yet, so diffusers' block's larger working set is
-    assumed: model management frees a little more than a fused decode uses, never less."""
+    within whatever is actually free). Counted for `processor`; None assumes diffusers' blocks' larger working
+    set, so model management frees more than a lean decode uses, never less."""
     request = request if request is not None and request.mode == "manual" else default_request(vae, "off")
-    return memory_model(vae, latent_shape[0]).estimate(plan(vae, tuple(latent_shape[2:]), request, None))
+    return memory_model(vae, latent_shape[0], processor).estimate(plan(vae, tuple(latent_shape[2:]), request, None))
 
 
 def plan(vae: DiffusionVAE, latent_thw: tuple[int, int, int], request: TilingRequest, budget_bytes: int | None,
