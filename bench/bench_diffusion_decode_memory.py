@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="the tiny config on the CPU")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of the untiled 768×512×121 decode")
     parser.add_argument("--budget-gib", type=float, default=4.0, help="the tight budget, weights included")
-    parser.add_argument("--deadline-s", type=float, default=215.0, help="stop starting or running cases after this")
+    parser.add_argument("--deadline-s", type=float, default=200.0, help="stop starting or running cases after this")
     parser.add_argument("--processor", default="auto")
     parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "bench_diffusion_decode_memory.json")
                         if os.environ.get("OUT") else None)
