@@ -83,12 +83,21 @@ class TimedProcessor(na.NeighborhoodAttnProcessor):
         with self.clock.span(f"attn.out {key}"):
             return attn.to_out[0](out.reshape(b, t, h, w, c))
 
+    def na3d(self, q, k, v, kernel):
+        return self.inner.na3d(q, k, v, kernel)
+
+    def na3d_over_query(self, q, k, v, kernel):
+        # the lean blocks (fused_block) call this, not __call__: their projections are timed as part of the blocks
+        b, t, h, w, heads, _ = q.shape
+        with self.clock.span(f"attn.na3d {(t, h, w)} heads={heads} k={tuple(kernel)}"):
+            return self.inner.na3d_over_query(q, k, v, kernel)
+
 
 def timed_decode(vae, latent, clock: Clock, processor: na.NeighborhoodAttnProcessor) -> dict:
     """One untiled decode with the stages wrapped in spans; returns the per-label totals."""
     decoder = vae.model.decoder
-    originals = {name: getattr(decoder, name) for name in ("forward_stage_4", "forward_diffusion_step")}
-    stages = compat.stages_1_to_3_before_last_upsample
+    originals = {name: getattr(decoder, name) for name in ("forward_diffusion_step",)}
+    stages, stage_4 = compat.stages_1_to_3_before_last_upsample, compat.stage_4
 
     def wrap(label, fn):
         def run(*args, **kwargs):
@@ -99,13 +108,14 @@ def timed_decode(vae, latent, clock: Clock, processor: na.NeighborhoodAttnProces
     for name, fn in originals.items():
         setattr(decoder, name, wrap(name, fn))
     compat.stages_1_to_3_before_last_upsample = wrap("stages_1_to_3", stages)
+    compat.stage_4 = wrap("forward_stage_4", stage_4)
     try:
         with clock.span("decode total"):
             dv.decode(vae, latent, processor=processor, request=TilingRequest("off"))
     finally:
         for name in originals:
             delattr(decoder, name)
-        compat.stages_1_to_3_before_last_upsample = stages
+        compat.stages_1_to_3_before_last_upsample, compat.stage_4 = stages, stage_4
     return clock.totals()
 
 

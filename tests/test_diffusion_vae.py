@@ -12,6 +12,7 @@ import torch
 from diffusers.models.autoencoders.ltx2_diffusion_decoder import LTX2VideoDiffusionDecoderModel
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nodes.comfy import bridge as comfy_bridge
 from nodes.ltx import compat
@@ -347,39 +348,61 @@ def test_node_decodes_and_refuses_a_conv_vae(tiny_file):
     assert all("tooltip" in spec[1] for spec in inputs.values())
 
 
-class _BlendTracker(dict):
-    """The decode's `work` dict, recording the most whole-canvas blend frames alive at once (group + stub)."""
-    most = 0
+class _Shapes(TorchDispatchMode):
+    """Records the shape of every tensor an op makes."""
 
-    def __setitem__(self, key, value):
-        super().__setitem__(key, value)
-        alive = sum(self[k].shape[2] for k in ("acc", "stub") if k in self)
-        type(self).most = max(type(self).most, alive)
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.shapes += [tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        return out
 
 
-def test_the_memory_model_counts_the_blend_frames_the_decode_keeps(vae, monkeypatch):
-    """The planner's blend term (the largest temporal group plus the overlap carried from the one before) is what
-    the decode really holds at once: measured on a temporally tiled tiny decode by watching its work tensors."""
-    original = dv._Decode.decode_into
+def test_a_tiled_decode_keeps_no_canvas_sized_blend_buffer(vae):
+    """Tiles go straight into the output frames: no `[B, 3, F, H, W]` tensor spanning the whole canvas is ever
+    made (the old decode kept one per temporal group in fp16, 1.4 GiB at 1920×1088, the floor's second term)."""
+    latent = torch.randn(1, 128, 5, 3, 3, generator=torch.Generator().manual_seed(2))
+    schedule = dv.plan(vae, (5, 3, 3), manual(16, 64), None)
+    assert schedule.grid[0] >= 3 and schedule.grid[1] > 1, schedule.grid
+    canvas_hw = schedule.canvas[1:]
+    with _Shapes() as seen:
+        frames, _ = dv.decode(vae, latent, processor="sdpa", request=manual(16, 64))
+    assert frames.shape == (33, 96, 96, 3) and seen.shapes
+    assert not [shape for shape in seen.shapes if len(shape) == 5 and shape[-2:] == canvas_hw]
 
-    def tracked(self, work, latent, out_device):
-        tracker = _BlendTracker()
-        try:
-            original(self, tracker, latent, out_device)
-        finally:
-            work.update(tracker)
 
-    _BlendTracker.most = 0
-    monkeypatch.setattr(dv._Decode, "decode_into", tracked)
-    latent = torch.randn(1, 128, 5, 2, 2, generator=torch.Generator().manual_seed(2))
-    dv.decode(vae, latent, processor="sdpa", request=manual(16))
-    schedule = dv.plan(vae, (5, 2, 2), manual(16), None)
-    assert schedule.grid[0] >= 3, schedule.grid  # a middle group has a stub from before and leaves one behind
-    from nodes.ltx.decode import diffusion_tiling as dt
-    with_blend, without = (dt.MemoryModel(accumulator_bytes=2).estimate(schedule),
-                           dt.MemoryModel(accumulator_bytes=0).estimate(schedule))
-    _, height, width = schedule.canvas
-    assert (with_blend - without) // (3 * height * width * 2) == _BlendTracker.most
+@pytest.mark.parametrize("shape,request_", [((1, 128, 5, 3, 3), manual(16, 64)), ((2, 128, 4, 2, 3), manual(16, 64)),
+                                            ((1, 128, 6, 1, 2), manual(16))])
+def test_tiled_frames_are_the_blend_of_the_tiles_own_pixels(vae, monkeypatch, shape, request_):
+    """Each tile's pixels, weighted by its trapezoid ramps, are added into the output, and a frame is mapped to
+    [0, 1] (and clamped) once, after every tile reaching it was added: equal to a float64 blend of the very same
+    tile outputs to float32 rounding. A missing weight, a crop off by a row, a frame mapped before the next
+    group's ramp reached it (or twice) would differ by the frames' own scale. Batch of two and a floor-padded
+    latent included."""
+    tiles = []
+    original = dv._Decode.tile
+
+    def recorded(self, *args, **kwargs):
+        tiles.append((args[2], original(self, *args, **kwargs)))
+        return tiles[-1][1].clone()
+
+    monkeypatch.setattr(dv._Decode, "tile", recorded)
+    latent = torch.randn(*shape, generator=torch.Generator().manual_seed(4))
+    frames, stats = dv.decode(vae, latent, processor="sdpa", request=request_, seed=1)
+    schedule = dv.plan(vae, shape[2:], request_, None)
+    assert stats.tile_count == len(tiles) == schedule.tile_count > 2
+    blend = torch.zeros(shape[0], 3, *schedule.canvas, dtype=torch.float64)
+    for tile, x0 in tiles:
+        weight = tile.t.weights().double()[:, None, None] * tile.h.weights().double()[None, :, None] * \
+            tile.w.weights().double()[None, None, :]
+        blend[:, :, slice(*tile.t.pixels), slice(*tile.h.pixels), slice(*tile.w.pixels)] += x0.double() * weight
+    f, rows, cols = schedule.content
+    want = ((blend[:, :, f, rows, cols] + 1) / 2).clamp(0, 1).permute(0, 2, 3, 4, 1).reshape(frames.shape)
+    err = (frames.double() - want).abs().max()
+    assert err < 1e-6, f"max diff {err:.2e}"
 
 
 # ------------------------------------------------------------------------------------ stages 1-3 in slabs
@@ -423,3 +446,15 @@ def test_slabbed_decode_equals_the_whole_clip_decode(vae, monkeypatch, pre_chunk
     assert stats.extra["grid"][0] > 1 and slab_stats.extra["grid"] == stats.extra["grid"]
     err = (got - whole).abs().max()
     assert err < 1e-5, f"max diff {err:.2e}"
+
+
+def test_model_management_is_asked_for_what_the_processors_blocks_hold(vae):
+    """The node asks model management to free the untiled decode's working memory for the processor it will run:
+    the lean blocks' count with the triton processor (5 tensors of stage 5's width per token), diffusers' blocks'
+    otherwise (12), and never less than the decode will plan with."""
+    from nodes.ltx.kernels import na_attention as na
+    shape, triton = (1, 128, 4, 3, 3), na.TritonNAProcessor()  # constructed only: nothing runs here
+    lean, full = dv.working_memory(vae, shape, None, triton), dv.working_memory(vae, shape)
+    untiled = dv.plan(vae, shape[2:], OFF, None)
+    assert lean == dv.memory_model(vae, 1, triton).estimate(untiled) < full
+    assert full == dv.memory_model(vae, 1).estimate(untiled)

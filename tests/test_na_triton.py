@@ -46,6 +46,21 @@ def test_triton_kernel_reads_strided_inputs_and_half_precision():
     assert torch.allclose(low.double(), want, atol=1e-2), f"fp16: max diff {(low - want).abs().max():.3e}"
 
 
+def test_triton_kernel_writes_over_the_query_it_reads():
+    """The lean blocks' attention: q, k, v views of one fused projection, the output written over q (each program
+    reads its own query rows before it stores them; no other program reads them) equals the out-of-place result,
+    and k, v are untouched. An output of the wrong shape is refused."""
+    shape, kernel, config = (2, 5, 6, 6, 2, 16), (3, 3, 3), na_triton.KernelConfig(tile=(2, 4, 4), block_n=32)
+    fused = torch.randn(*shape[:4], 3, shape[4], shape[5], generator=torch.Generator().manual_seed(3))
+    q, k, v = fused.unbind(4)
+    want = na_triton.na3d_triton(q, k, v, kernel, config)
+    kept = fused[:, :, :, :, 1:].clone()
+    got = na_triton.na3d_triton(q, k, v, kernel, config, out=q)
+    assert got is q and torch.equal(got, want) and torch.equal(fused[:, :, :, :, 1:], kept)
+    with pytest.raises(ValueError, match="out must be"):
+        na_triton.na3d_triton(q, k, v, kernel, config, out=torch.empty(1, dtype=q.dtype))
+
+
 def test_unavailable_without_cuda():
     usable, why = na_triton.available(torch.device("cpu"))
     assert not usable and "CUDA" in why

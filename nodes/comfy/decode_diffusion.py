@@ -52,7 +52,7 @@ class LTX25DiffusionVAEDecode:
         request.check(NODE)
         # before the weights load: a processor that cannot run here is refused at once
         attention = make_processor(processor, bridge.compute_device(), f"{NODE}.processor")
-        vae = video_vae.ready(engine.working_memory(video_vae.module, tuple(samples.shape), request))
+        vae = video_vae.ready(engine.working_memory(video_vae.module, tuple(samples.shape), request, attention))
         images, stats = engine.decode(vae, samples, processor=attention, steps=steps, seed=seed, request=request,
                                       free_memory=bridge.free_device_memory(),
                                       on_step=bridge.step_callback(1, "diffusion VAE decode"),

@@ -78,6 +78,20 @@ def deferred_upsample(decoder: torch.nn.Module) -> torch.nn.Module:
     return upsample
 
 
+def stage_4(decoder: torch.nn.Module, features: torch.Tensor, drop_leading_frame: bool, cells: int) -> torch.Tensor:
+    """diffusers' `forward_stage_4(features, drop_leading_frame, crop_trailing_ghost=False)` cropped to what its
+    first `cells` frames decode to (a tile's content: the ghost cells a last tile carries are not kept): the blocks
+    on all of `features` `[B, T, H, W, C]`, then the last upsample, which is pointwise, on the kept cells only, so
+    neither its work nor the context it makes carries the ghosts. Pass `features` without keeping a reference:
+    they are released after the first block."""
+    require(decoder, ("det_stages", "upsamples"), "the per-tile stage 4")
+    x = features
+    del features
+    for block in decoder.det_stages[-1]:
+        x = block(x)
+    return decoder.upsamples[-1](x[:, :cells], drop_leading_frame=drop_leading_frame)
+
+
 def stages_1_to_3_slab(decoder: torch.nn.Module, latent: torch.Tensor, start: int,
                        total: int) -> tuple[torch.Tensor, int]:
     """Stages 1-3 (as `stages_1_to_3_before_last_upsample`) on frames `[start, start + t)` of the ghosted latent of
@@ -119,6 +133,12 @@ def rope_inv_freqs(rope: torch.nn.Module, dim: int, device: torch.device) -> tor
 def stage5_blocks(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """The diffusion decoder's stage-5 blocks (`LTX2VideoVaeDiffusionNABlock`) in `model`."""
     block_class = _diffusion_decoder_class("LTX2VideoVaeDiffusionNABlock")
+    return (module for module in model.modules() if isinstance(module, block_class))
+
+
+def det_blocks(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """The diffusion decoder's deterministic-stage blocks (`LTX2VideoVaeNABlock`, stages 1-4) in `model`."""
+    block_class = _diffusion_decoder_class("LTX2VideoVaeNABlock")
     return (module for module in model.modules() if isinstance(module, block_class))
 
 

@@ -4,8 +4,9 @@ Stages 1-3 run once on the whole (floor-padded, ghost-padded) latent, or — whe
 group in latent slabs widened by their temporal reach, so each is exact (`slab_trace`); stages 4-5 run per tile.
 Tiles live on the stage-4 input grid ("cells": 2 frames × 8 × 8 px for the released config) and are blended in
 pixel space with the trapezoid ramps of `tiling`, which sum to one. Everything here is a function of the decoder
-config and the latent shape — no tensors but the 1-D weights — so the geometry is tested without running a model.
-Reference: docs/MODEL.md §10.4.
+config and the latent shape — no tensors but the 1-D weights — so the geometry is tested without running a model;
+`MemoryModel` counts the bytes a schedule keeps alive, which `plan_auto` fits to a budget.
+Reference: docs/MODEL.md §10.4; the byte counts: docs/PERFORMANCE.md, "The diffusion decoder's memory".
 """
 from __future__ import annotations
 
@@ -233,6 +234,11 @@ class TileSchedule:
         top, left = (p * VIDEO_FACTORS[1] for p in self.latent_pad[1:])
         return slice(0, frames), slice(top, top + height), slice(left, left + width)
 
+    def content_part(self, tile: Tile) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+        """The tile's pixels inside the content (canvas coordinates): (frames, rows, columns) as [start, stop)."""
+        return tuple((max(span.pixels[0], box.start), min(span.pixels[1], box.stop))
+                     for span, box in zip((tile.t, tile.h, tile.w), self.content))
+
     @property
     def feature_frames(self) -> int:
         """Stage-4 input frames including the ghosts."""
@@ -343,33 +349,61 @@ def build_schedule(geometry: TilingGeometry, latent_thw: THW, tile_frames: int |
 
 
 # ------------------------------------------------------------------------------------------- memory and auto
+EMIT_FRAMES = 8  # frames of a tile converted to float32 (and weighted) at once on their way to the output
+# Tensors of a stage's width alive per token at its peak (docs/PERFORMANCE.md, "The diffusion decoder's memory").
+# The lean blocks (`fused_block`, with the triton processor) update the hidden state in place, a chunk of rows at a
+# time: at stage 5 the context, the hidden state and q|k|v (the attention is written over q); at stages 1-4 the
+# hidden state and q|k|v. diffusers' blocks also hold the caller's previous hidden state, the attention input, the
+# unrotated q, k, v, a normed copy and a float32 copy during the rotation (stage 5: 12 with the context); stages 1-4
+# then 11 with the block's input, which the caller keeps.
+LEAN_STAGE5_LIVE = 5.0
+DIFFUSERS_STAGE5_LIVE = 12.0
+LEAN_DET_LIVE = 4.0
+DET_LIVE = 11.0
+DIFFUSERS_SWIGLU_ROWS = 16384  # rows per tile of diffusers' SwiGLU (three hidden-width temporaries per tile)
+
+
 @dataclass(frozen=True)
 class MemoryModel:
-    """Peak bytes of a decode as one-line formulas. Coefficients count live tensors of one block's input size
-    (hidden, norms, q/k/v, RoPE scratch, outputs), fitted to measured peaks of the released widths on an H200
-    (docs/PERFORMANCE.md): a stage-5 token holds 8.2–8.3× its width with the fused block (four decodes, untiled
-    and tiled, 768×512 to 1920×1088×241) and 10.4× with diffusers' block; 15 per stage-4 cell incl. its upsampled
-    output, so 10 is a bound there."""
-    element_bytes: int = 2          # bf16 activations
-    accumulator_bytes: int = 2      # fp16 blend buffer for bf16 (else the activation dtype)
+    """Peak device bytes of a decode beyond its weights, counted from the tensors each phase keeps alive
+    (docs/PERFORMANCE.md, "The diffusion decoder's memory"). Widths are per token of the stage they belong to.
+
+    A decode runs stages 1-3 (once, or per temporal group in slabs), then per tile stage 4 and stage 5, and hands
+    each tile's pixels straight to the output frames (host memory unless `frames_on_device`): no blend buffer.
+    The peak is the largest phase plus what lives through it (the resident stage-3 features)."""
+    element_bytes: int = 2             # bf16 activations
     batch: int = 1
-    stage5_coef: float = 11.0       # DIFFUSERS_STAGE5_COEF; FUSED_STAGE5_COEF under fused_block.block_forward
-    det_coef: float = 10.0          # a deterministic NA block (stages 1-4)
-    processor_scratch: int = 0      # bytes a processor adds per call (the sdpa gather chunk)
-    constant_bytes: int = 256 << 20  # the SwiGLU tile, noise frames, slack
+    stage5_live: float = DIFFUSERS_STAGE5_LIVE   # stage-5-wide tensors per stage-5 token at stage 5's peak
+    det_live: float = DET_LIVE         # stage-wide tensors per token at a deterministic block's peak (stages 1-4)
+    chunk_elements: int = 0            # the lean blocks' chunk (`fused_block.CHUNK_ELEMENTS`; 0: diffusers' blocks)
+    processor_scratch: int = 0         # bytes a processor adds per call (the sdpa gather chunk)
+    frames_on_device: bool = False     # the output frames (float32) are kept on the decode's device
+    constant_bytes: int = 128 << 20    # SwiGLU tile, time embedding, RoPE tables, one-hot masks, allocator slack
+
+    def det_block(self, tokens: int, channels: int) -> int:
+        """Values alive in a deterministic block: its attention's `det_live` tensors (and a chunk), or its MLP: the
+        hidden state, the normed input and output of one piece, and three hidden-width temporaries per row (lean:
+        chunks of `chunk_elements` values; diffusers: its fixed tile)."""
+        hidden = (4 * channels + 15) // 16 * 16
+        if self.chunk_elements:  # MLP pieces of `chunk_elements` hidden-width values: normed input, output, 3 wide
+            rows = min(tokens, max(1, self.chunk_elements // hidden))
+            return int(max(tokens * channels * self.det_live + min(self.chunk_elements, tokens * channels),
+                           tokens * channels + rows * (2 * channels + 3 * hidden)))
+        return int(max(tokens * channels * self.det_live,
+                       3 * tokens * channels + 3 * min(tokens, DIFFUSERS_SWIGLU_ROWS) * hidden))
 
     def stages_1_to_3(self, g: TilingGeometry, work_thw: THW) -> int:
-        """Stages 1-3 run untiled: the largest block working set or upsample (input + projection + shuffle)."""
+        """Stages 1-3 on the whole clip: the largest block working set or upsample (input + projection + shuffle)."""
         t, h, w = work_thw[0] + g.ghost_latent_frames, *work_thw[1:]
         peak = 0
         for s in range(3):
             n = t * h * w
-            peak = max(peak, n * g.stage_channels[s] * self.det_coef)
+            peak = max(peak, self.det_block(n, g.stage_channels[s]))
             if s < 2:  # the third upsample is deferred to the tiles
                 st, sh, sw = g.upsample_strides[s]
                 t, h, w = upsample_frames(t, st), h * sh, w * sw
                 peak = max(peak, n * g.stage_channels[s] + 2 * t * h * w * g.stage_channels[s + 1])
-        return self.batch * peak * self.element_bytes
+        return int(self.batch * peak * self.element_bytes)
 
     @functools.lru_cache(maxsize=4096)
     def slab(self, g: TilingGeometry, work_thw: THW, slab: tuple[int, int], total: int) -> int:
@@ -381,10 +415,10 @@ class MemoryModel:
         for kind, stage, t_in, t_out in g.slab_trace(*slab, total)[1]:
             n = t_in * hw[stage]
             if kind == "block":
-                peak = max(peak, n * g.stage_channels[stage] * self.det_coef)
+                peak = max(peak, self.det_block(n, g.stage_channels[stage]))
             else:
                 peak = max(peak, n * g.stage_channels[stage] + 2 * t_out * hw[stage + 1] * g.stage_channels[stage + 1])
-        return self.batch * peak * self.element_bytes
+        return int(self.batch * peak * self.element_bytes)
 
     def pre_frames(self, g: TilingGeometry, work_thw: THW, frames: int) -> int:
         """Bytes of `frames` pre-upsample frames (the features stage 4 is cut from)."""
@@ -395,38 +429,58 @@ class MemoryModel:
         t, h, w = g.pre_upsample_grid((work_thw[0] + g.ghost_latent_frames, *work_thw[1:]))
         return self.batch * t * h * w * g.stage_channels[2] * self.element_bytes
 
-    def tile(self, g: TilingGeometry, canvas_hw: tuple[int, int], cells: THW, group_frames: int) -> int:
-        """Peak while one tile runs: its stage-4/5 working set plus its temporal group's blend buffer, which holds
-        `group_frames` whole-canvas frames (the group and the overlap carried from the one before)."""
-        t, h, w = cells[0] + g.ghost_cells, cells[1], cells[2]
-        n4 = t * h * w
-        n5 = n4 * math.prod(g.upsample_strides[-1])
-        stage4 = n4 * g.stage_channels[3] * self.det_coef + 2 * n5 * g.stage_channels[4]
-        stage5 = n5 * g.stage_channels[4] * self.stage5_coef
-        accumulator = 3 * group_frames * canvas_hw[0] * canvas_hw[1] * self.accumulator_bytes
-        return self.batch * (max(stage4, stage5) * self.element_bytes + accumulator)
+    def tile(self, g: TilingGeometry, cells: THW, ghosts: bool, pixels: THW) -> int:
+        """Peak while one tile of `cells` stage-4 cells (+ the ghost cells when it is the last in time), decoding
+        to `pixels` (frames, rows, columns), runs:
+        - stage 4: its blocks (`det_block`), or the last upsample: the blocks' output, the projection and its
+          shuffled copy (the ghost cells are cut before it);
+        - stage 5 at its peak: `stage5_live` tensors of its width per token (the context among them), the start
+          noise (3·p² values per token) and one chunk;
+        - the hand-off: the tile's pixels and one float32 piece of `EMIT_FRAMES` frames (weighted copy + weights).
+        """
+        c4, c5, p = g.stage_channels[3], g.stage_channels[4], g.patch_size
+        n4 = (cells[0] + (g.ghost_cells if ghosts else 0)) * cells[1] * cells[2]
+        n5_full = math.prod(cells) * math.prod(g.upsample_strides[-1])  # the upsample's output before any crop
+        n5 = pixels[0] * (pixels[1] // p) * (pixels[2] // p)
+        stage4 = max(self.det_block(n4, c4), n4 * c4 + 2 * n5_full * c5)
+        stage5 = n5 * c5 * self.stage5_live + n5 * 3 * p * p + min(self.chunk_elements, n5 * c5)
+        emit = (self.batch * n5 * 3 * p * p * self.element_bytes
+                + min(EMIT_FRAMES, pixels[0]) * pixels[1] * pixels[2] * (self.batch * 3 * 4 + 4))
+        return int(max(self.batch * max(stage4, stage5) * self.element_bytes, emit))
 
-    def estimate(self, schedule: TileSchedule) -> int:
+    def frames(self, schedule: "TileSchedule") -> int:
+        """The float32 output frames, when they are kept on the decode's device."""
+        if not self.frames_on_device:
+            return 0
+        frames, rows, cols = schedule.content
+        return self.batch * frames.stop * (rows.stop - rows.start) * (cols.stop - cols.start) * 3 * 4
+
+    def estimate(self, schedule: "TileSchedule") -> int:
         g, work = schedule.geometry, schedule.work_thw
+        last = g.stage4_grid(work)[0]
         cells = tuple(max(s.cells[1] - s.cells[0] for s in axis) for axis in schedule.spans)
-        group_frames = max(s.length for s in schedule.spans[0]) + schedule.overlap[0]
-        tile = self.tile(g, schedule.canvas[1:], cells, group_frames)
+        pixels = tuple(max(s.length for s in axis) for axis in schedule.spans)
+        trailing = schedule.spans[0][-1]
+        # the last temporal tile carries the ghost cells through stage 4: it may be the largest there
+        tile = max(self.tile(g, cells, False, pixels),
+                   self.tile(g, (trailing.cells[1] - trailing.cells[0], *cells[1:]), True, pixels)) \
+            if trailing.cells[1] == last else self.tile(g, cells, False, pixels)
         if schedule.pre_chunk is None:
             stages = self.stages_1_to_3(g, work)
             resident = self.resident(g, work)
-        else:  # only the group's features live; each slab runs beside the group buffer it fills and the blend
-            # tail the previous group left for this one
-            resident = self.pre_frames(g, work, max(b - a for a, b in map(schedule.group_pre_frames,
-                                                                             schedule.spans[0])))
-            height, width = schedule.canvas[1:]
-            tail = self.batch * 3 * schedule.overlap[0] * height * width * self.accumulator_bytes
-            slabs = {slab for span in schedule.spans[0] for _, slab in schedule.pre_slabs(span)}
-            stages = resident + tail + max(self.slab(g, work, slab, schedule.ghosted_frames) for slab in slabs)
-        return max(stages, resident + tile) + self.processor_scratch + self.constant_bytes
+        else:
+            resident, stages = self.slabbed(dataclasses.replace(schedule, spans=(schedule.spans[0], (), ())))
+        return max(stages, resident + tile) + self.frames(schedule) + self.processor_scratch + self.constant_bytes
 
-
-DIFFUSERS_STAGE5_COEF = MemoryModel.stage5_coef  # measured 10.4 (see MemoryModel)
-FUSED_STAGE5_COEF = 8.5  # measured 8.2–8.3
+    @functools.lru_cache(maxsize=4096)
+    def slabbed(self, temporal: "TileSchedule") -> tuple[int, int]:
+        """(a group's features, the peak while its slabs run beside them) of a schedule with stages 1-3 in slabs,
+        given with its temporal spans only (all the slabs depend on; the planner tries many spatial tilings of
+        each)."""
+        g, work = temporal.geometry, temporal.work_thw
+        resident = self.pre_frames(g, work, max(b - a for a, b in map(temporal.group_pre_frames, temporal.spans[0])))
+        slabs = {slab for span in temporal.spans[0] for _, slab in temporal.pre_slabs(span)}
+        return resident, resident + max(self.slab(g, work, slab, temporal.ghosted_frames) for slab in slabs)
 
 
 def _candidates(n_cells: int, cell: int, factor: int, low: int) -> list[int]:
@@ -447,16 +501,10 @@ def _slabbed(schedules: Iterable[TileSchedule]) -> Iterator[TileSchedule]:
             chunk = (chunk + 1) // 2
 
 
-def plan_auto(geometry: TilingGeometry, latent_thw: THW, budget_bytes: int,
-              memory: MemoryModel = MemoryModel(), overlap_frames: int | None = None,
-              overlap_pixels: int | None = None) -> TileSchedule:
-    """The schedule with the least recomputed overlap whose estimated peak fits `budget_bytes`, with the given
-    overlaps (default: the smallest safe ones, as in `build_schedule`).
-
-    The whole video as one tile wastes nothing, so it wins whenever it fits: `auto` tiles only when it must. Stages
-    1-3 run once on the whole clip whenever some schedule fits that way (so a decode that fit before is unchanged);
-    only otherwise do they run per temporal group in slabs (`pre_chunk`), whose floor does not grow with the clip.
-    """
+def _search(geometry: TilingGeometry, latent_thw: THW, budget_bytes: int, memory: MemoryModel,
+            overlap_frames: int | None, overlap_pixels: int | None) -> tuple[TileSchedule | None, TileSchedule]:
+    """(`plan_auto`'s pick or None, the candidate of least estimate): whole-clip stages 1-3 first, slabs only when
+    no whole-clip schedule fits."""
     min_frames, min_pixels = geometry.min_overlap
     overlaps = (min_frames if overlap_frames is None else overlap_frames,
                 min_pixels if overlap_pixels is None else overlap_pixels)
@@ -478,13 +526,34 @@ def plan_auto(geometry: TilingGeometry, latent_thw: THW, budget_bytes: int,
         processed = math.prod(sum(s.cells[1] - s.cells[0] for s in axis) for axis in schedule.spans)
         return processed / unique, schedule.tile_count, -math.prod(cells)
 
-    best, _ = search_budget(schedules(), memory.estimate, budget_bytes, waste)
+    best, smallest = search_budget(schedules(), memory.estimate, budget_bytes, waste)
     if best is None:
-        best, smallest = search_budget(_slabbed(schedules()), memory.estimate, budget_bytes,
+        best, thinnest = search_budget(_slabbed(schedules()), memory.estimate, budget_bytes,
                                        lambda s: (*waste(s), -s.pre_chunk))
+        smallest = min((smallest, thinnest), key=memory.estimate)
+    return best, smallest
+
+
+def plan_auto(geometry: TilingGeometry, latent_thw: THW, budget_bytes: int,
+              memory: MemoryModel = MemoryModel(), overlap_frames: int | None = None,
+              overlap_pixels: int | None = None) -> TileSchedule:
+    """The schedule with the least recomputed overlap whose estimated peak fits `budget_bytes`, with the given
+    overlaps (default: the smallest safe ones, as in `build_schedule`).
+
+    The whole video as one tile wastes nothing, so it wins whenever it fits: `auto` tiles only when it must. Stages
+    1-3 run once on the whole clip whenever some schedule fits that way (so a decode that fit before is unchanged);
+    only otherwise do they run per temporal group in slabs (`pre_chunk`), whose floor does not grow with the clip.
+    """
+    best, smallest = _search(geometry, latent_thw, budget_bytes, memory, overlap_frames, overlap_pixels)
     if best is None:
-        why = "for the smallest legal tiles and stages 1-3 in the thinnest slabs"
         raise LTX25Error(WHERE, "the memory budget", f"{budget_bytes / 2**30:.2f} GiB",
-                         f"at least {memory.estimate(smallest) / 2**30:.2f} GiB {why}",
+                         f"at least {memory.estimate(smallest) / 2**30:.2f} GiB for the smallest legal tiles",
                          "Free device memory, raise memory_budget_gb, or decode a smaller video.")
     return best
+
+
+def smallest_schedule(geometry: TilingGeometry, latent_thw: THW, memory: MemoryModel = MemoryModel(),
+                      overlap_frames: int | None = None, overlap_pixels: int | None = None) -> TileSchedule:
+    """The candidate of least estimated peak: its estimate is the smallest budget `plan_auto` accepts (the
+    decode's floor)."""
+    return _search(geometry, latent_thw, -1, memory, overlap_frames, overlap_pixels)[1]

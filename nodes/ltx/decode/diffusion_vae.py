@@ -4,8 +4,10 @@ The network is diffusers' `LTX2VideoDiffusionDecoderModel`, configured from `con
 only what diffusers lacks: the native key map, the neighborhood-attention processors (`na_attention`), the tile
 schedule (`diffusion_tiling`) and the driver below, which runs the decoder's own stage functions:
 stages 1-3 once on the whole latent (or, when that does not fit, per temporal group in exact slabs) → stage 4
-per tile → stage 5 (denoise pixels) per tile on a `FlowMatchEulerDiscreteScheduler` → trapezoid blend, streamed to
-the output one temporal group at a time.
+per tile → stage 5 (denoise pixels) per tile on a `FlowMatchEulerDiscreteScheduler` → each tile's pixels straight
+into the output frames (host memory): the one tile of an untiled decode final, tiles of a tiled one weighted by
+their trapezoid ramps and added there, frames mapped to [0, 1] once every tile reaching them is in. No device
+buffer spans the canvas; what a decode holds is counted in `diffusion_tiling.MemoryModel`.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.models.autoencoders.ltx2_diffusion_decoder import LTX2VideoDiffusionDecoderModel
 
 from . import diffusion_tiling as tiling
+from .diffusion_tiling import EMIT_FRAMES
 from .. import compat
 from ..kernels import fused_block
 from ..kernels import na_attention
@@ -35,7 +38,6 @@ from ..latents import denormalize_video
 
 CLASS_NAME = "CausalDiffusionVAE"
 READ_PREFIXES = ("decoder.", "per_channel_statistics.")
-EMIT_FRAMES = 8  # finished frames converted to [0, 1] and copied out per chunk
 
 
 @dataclass(frozen=True)
@@ -258,14 +260,20 @@ def tile_noise(seed: int, tile: tiling.Tile, batch: int, canvas_hw: tuple[int, i
 
 
 def memory_model(vae: DiffusionVAE, batch: int = 1,
-                 processor: na_attention.NeighborhoodAttnProcessor | None = None) -> tiling.MemoryModel:
+                 processor: na_attention.NeighborhoodAttnProcessor | None = None,
+                 frames_on_device: bool = False) -> tiling.MemoryModel:
+    """The planner's byte counts for this decoder's dtype, `processor` (None: the larger working sets of
+    diffusers' blocks) and where the frames go (`frames_on_device`: the output is kept on the decode's device)."""
     param = next(vae.parameters())
     element = param.element_size()
     scratch = processor.scratch_bytes(element, param.is_cuda) if processor is not None else 0
-    fused = processor is not None and processor.fused_block
-    return tiling.MemoryModel(element_bytes=element, accumulator_bytes=2 if element == 2 else element, batch=batch,
-                              processor_scratch=scratch,
-                              stage5_coef=tiling.FUSED_STAGE5_COEF if fused else tiling.DIFFUSERS_STAGE5_COEF)
+    lean = processor is not None and processor.fused_projection and processor.fused_block and \
+        na_attention.folds_scale(vae.config.head_dim)
+    return tiling.MemoryModel(element_bytes=element, batch=batch,
+                              stage5_live=tiling.LEAN_STAGE5_LIVE if lean else tiling.DIFFUSERS_STAGE5_LIVE,
+                              det_live=tiling.LEAN_DET_LIVE if lean else tiling.DET_LIVE,
+                              chunk_elements=fused_block.CHUNK_ELEMENTS if lean else 0, processor_scratch=scratch,
+                              frames_on_device=frames_on_device)
 
 
 def default_request(vae: DiffusionVAE, mode: str = "auto") -> TilingRequest:
@@ -275,17 +283,19 @@ def default_request(vae: DiffusionVAE, mode: str = "auto") -> TilingRequest:
     return TilingRequest(mode, tile_frames=80, tile_pixels=512, overlap_frames=frames, overlap_pixels=pixels)
 
 
-def working_memory(vae: DiffusionVAE, latent_shape: tuple[int, ...], request: TilingRequest | None = None) -> int:
+def working_memory(vae: DiffusionVAE, latent_shape: tuple[int, ...], request: TilingRequest | None = None,
+                   processor: na_attention.NeighborhoodAttnProcessor | None = None) -> int:
     """Bytes a decode of `[B, 128, T, H, W]` needs beyond the weights: the manual tiles' for a `manual` request,
     else the untiled decode's — what model management is asked to free before the decode (auto tiling then plans
-    within whatever is actually free). No processor is known yet, so diffusers' block's larger working set is
-    assumed: model management frees a little more than a fused decode uses, never less."""
+    within whatever is actually free). Counted for `processor`; None assumes diffusers' blocks' larger working
+    set, so model management frees more than a lean decode uses, never less."""
     request = request if request is not None and request.mode == "manual" else default_request(vae, "off")
-    return memory_model(vae, latent_shape[0]).estimate(plan(vae, tuple(latent_shape[2:]), request, None))
+    return memory_model(vae, latent_shape[0], processor).estimate(plan(vae, tuple(latent_shape[2:]), request, None))
 
 
 def plan(vae: DiffusionVAE, latent_thw: tuple[int, int, int], request: TilingRequest, budget_bytes: int | None,
-         batch: int = 1, processor: na_attention.NeighborhoodAttnProcessor | None = None) -> tiling.TileSchedule:
+         batch: int = 1, processor: na_attention.NeighborhoodAttnProcessor | None = None,
+         frames_on_device: bool = False) -> tiling.TileSchedule:
     """The tile schedule a decode of `latent_thw` will use: `off` one tile, `manual` the requested sizes, `auto`
     the least overlap that fits `budget_bytes` (None = the free device memory), with the requested overlaps."""
     geometry, overlaps = vae.config.geometry(), (request.overlap_frames, request.overlap_pixels)
@@ -294,7 +304,8 @@ def plan(vae: DiffusionVAE, latent_thw: tuple[int, int, int], request: TilingReq
     if request.mode == "manual":
         return tiling.build_schedule(geometry, latent_thw, request.tile_frames, request.tile_pixels, *overlaps)
     budget = free_bytes(next(vae.parameters()).device) if budget_bytes is None else budget_bytes
-    return tiling.plan_auto(geometry, latent_thw, budget, memory_model(vae, batch, processor), *overlaps)
+    return tiling.plan_auto(geometry, latent_thw, budget, memory_model(vae, batch, processor, frames_on_device),
+                            *overlaps)
 
 
 def decode(vae: DiffusionVAE, latent: torch.Tensor, *,
@@ -326,7 +337,8 @@ def decode(vae: DiffusionVAE, latent: torch.Tensor, *,
     fused_block.use_fused_blocks(vae.model, proc.fused_block)
     budget = request.budget_bytes(weight_bytes(vae), free_bytes(device) if free_memory is None else free_memory,
                                   where)
-    schedule = plan(vae, tuple(latent.shape[2:]), request, budget, latent.shape[0], proc)
+    frames_on_device = torch.device(out_device).type == device.type
+    schedule = plan(vae, tuple(latent.shape[2:]), request, budget, latent.shape[0], proc, frames_on_device)
     run = _Decode(vae, schedule, schedule.tiles(), make_stage5_scheduler(scheduler_config), steps, seed, on_step)
     meter = start_meter(device)
     work: dict[str, torch.Tensor] = {}  # every tensor of the decode lives here or in a callee's frame
@@ -373,8 +385,12 @@ class _Decode:
         frames, rows, cols = self.schedule.content
         shape = (batch, frames.stop, rows.stop - rows.start, cols.stop - cols.start, 3)
         on_host = torch.device(out_device).type == "cpu"
-        host = HostFrames(shape, prefault=device.type != "cpu") if on_host else None
-        work["out"] = torch.empty(0) if on_host else torch.empty(shape, device=out_device)
+        blended = self.schedule.is_tiled  # tiles are added into the frames, which must start at zero
+        host = HostFrames(shape, prefault=device.type != "cpu" or blended) if on_host else None
+        if on_host:
+            work["out"] = torch.empty(0)
+        else:
+            work["out"] = torch.zeros(shape, device=out_device) if blended else torch.empty(shape, device=out_device)
         # frames leave through pinned staging on a side stream: a plain copy into pageable memory is slow and
         # leaves the device idle meanwhile
         copier = host_copier(device, staged=on_host)
@@ -385,14 +401,13 @@ class _Decode:
 
     def _decode_groups(self, work: dict[str, torch.Tensor], latent: torch.Tensor, host: HostFrames | None,
                        copier: DeviceToHost | DirectCopy) -> None:
-        """Stages 1-3 once (or per group, `group_features`); per temporal group: stage 4-5 per tile, blended into
-        the group buffer; finished frames (up to the next group's start) go to `work["out"]`, the overlapping tail
-        waits as a stub for the next."""
+        """Stages 1-3 once (or per group, `group_features`); per temporal group: stage 4-5 per tile, each tile's
+        pixels handed to `work["out"]` as it finishes (`emit`). Tiled, they are added there weighted, and a group's
+        frames up to the next group's start, final once it is done, are then mapped to [0, 1]."""
         vae, schedule = self.vae, self.schedule
         decoder, param = vae.model.decoder, next(vae.parameters())
-        device, dtype, batch = param.device, param.dtype, latent.shape[0]
-        acc_dtype = torch.float16 if dtype == torch.bfloat16 else dtype  # bf16's 8-bit mantissa would band blends
-        frames, rows, cols = schedule.content
+        device, dtype = param.device, param.dtype
+        frames = schedule.content[0]
         _, height, width = schedule.canvas
         z = denormalize_video(latent, vae.latents_mean, vae.latents_std, device)
         t_pad, top, left = schedule.latent_pad
@@ -410,31 +425,44 @@ class _Decode:
             if schedule.pre_chunk is not None:
                 work.pop("pre", None)  # the previous group's features go before this group's are built
                 work["pre"], pre_first = self.group_features(decoder, work["z"], span)
-            work["acc"] = torch.zeros(batch, 3, span.length, height, width, device=device, dtype=acc_dtype)
-            for tile in (t for t in self.tiles if t.t == span):
-                x0 = self.tile(decoder, work["pre"], tile, (height, width), pre_first)
-                # built on the device: the product is a canvas-sized float32 tensor (190 MB at 768×512×121),
-                # too large to copy from pageable memory per tile
-                weight = (tile.t.weights().to(device)[:, None, None] * tile.h.weights().to(device)[None, :, None]
-                          * tile.w.weights().to(device)[None, None, :])
-                work["acc"][:, :, :, tile.h.pixels[0]:tile.h.pixels[1], tile.w.pixels[0]:tile.w.pixels[1]].addcmul_(
-                    x0, weight)
-                del x0, weight
-            if "stub" in work:  # the previous group's tail: the other half of this group's leading ramp
-                work["acc"][:, :, :work["stub"].shape[2]] += work.pop("stub")
-            if emit1 < span.pixels[1]:
-                work["stub"] = work["acc"][:, :, emit1 - emit0:].clone()
             if host is not None:
                 work["out"] = host.ready()
-            for f0 in range(emit0, min(emit1, frames.stop), EMIT_FRAMES):  # small chunks: no fp32 group copy
-                f1 = min(f0 + EMIT_FRAMES, emit1, frames.stop)
-                rgb = work["acc"][:, :, f0 - emit0:f1 - emit0, rows, cols].permute(0, 2, 3, 4, 1).to(
-                    torch.float32, memory_format=torch.contiguous_format).add_(1).div_(2).clamp_(0, 1)
-                for item in range(batch):
-                    copier.copy(work["out"][item, f0:f1], rgb[item])
-            del work["acc"]
+            for tile in (t for t in self.tiles if t.t == span):
+                work["x0"] = self.tile(decoder, work["pre"], tile, (height, width), pre_first)
+                self.emit(work["out"], work.pop("x0"), tile, copier)
+            final = work["out"][:, emit0:min(emit1, frames.stop)]
+            if schedule.is_tiled and final.shape[1]:  # no later tile reaches these frames
+                copier.then(lambda final=final: final.add_(1).div_(2).clamp_(0, 1))
         del work["pre"]
         work.pop("z", None)
+
+    def emit(self, out: torch.Tensor, x0: torch.Tensor, tile: tiling.Tile, copier: DeviceToHost | DirectCopy) -> None:
+        """A tile's pixels `x0` `[B, 3, f, h, w]` (the part inside the content) into `out` `[B, F, H, W, 3]`, in
+        float32 pieces of `EMIT_FRAMES` frames. The one tile of an untiled decode is final: mapped to [0, 1] and
+        copied. A tile among others is weighted by its blend ramps and added; the weights sum to one, so the frames
+        hold the blend once every tile reaching them has been added (`_decode_groups` then maps them)."""
+        (f_lo, f_hi), (r_lo, r_hi), (c_lo, c_hi) = self.schedule.content_part(tile)
+        if f_hi <= f_lo or r_hi <= r_lo or c_hi <= c_lo:
+            return
+        t0, h0, w0 = tile.t.pixels[0], tile.h.pixels[0], tile.w.pixels[0]
+        top, left = self.schedule.content[1].start, self.schedule.content[2].start
+        blended = self.schedule.is_tiled
+        if blended:  # [f], [h], [w] weights of the part; their product is made per piece (a tile-sized float32
+            # product would be a large temporary), in the order (t·h)·w
+            ramps = [span.weights()[lo - first:hi - first].to(x0.device) for span, first, lo, hi in
+                     ((tile.t, t0, f_lo, f_hi), (tile.h, h0, r_lo, r_hi), (tile.w, w0, c_lo, c_hi))]
+        for f0 in range(f_lo, f_hi, EMIT_FRAMES):
+            f1 = min(f0 + EMIT_FRAMES, f_hi)
+            piece = x0[:, :, f0 - t0:f1 - t0, r_lo - h0:r_hi - h0, c_lo - w0:c_hi - w0].permute(0, 2, 3, 4, 1)
+            if blended:
+                weight = ramps[0][f0 - f_lo:f1 - f_lo, None, None] * ramps[1][None, :, None] * ramps[2][None, None]
+                rgb = torch.mul(piece, weight[None, :, :, :, None],
+                                out=torch.empty(piece.shape, dtype=torch.float32, device=x0.device))
+            else:
+                rgb = piece.to(torch.float32, memory_format=torch.contiguous_format).add_(1).div_(2).clamp_(0, 1)
+            for item in range(x0.shape[0]):
+                copier.copy(out[item, f0:f1, r_lo - top:r_hi - top, c_lo - left:c_hi - left], rgb[item], blended)
+            del piece, rgb
 
     def group_features(self, decoder, z_ghosted: torch.Tensor, span: tiling.AxisSpan) -> tuple[torch.Tensor, int]:
         """(the pre-upsample features a temporal group's tiles are cut from, the first frame they hold), built
@@ -453,10 +481,10 @@ class _Decode:
     def tile(self, decoder, pre: torch.Tensor, tile: tiling.Tile, canvas_hw: tuple[int, int],
              pre_first: int = 0) -> torch.Tensor:
         """Stage 4 + stage 5 on one tile → pixels `[B, 3, F, h, w]`."""
-        features = stage4_input(decoder, pre, tile.feature_frames, tile.h.cells, tile.w.cells, pre_first)
-        context = decoder.forward_stage_4(features, drop_leading_frame=tile.is_origin, crop_trailing_ghost=False)
-        del features
-        context = context[:, :tile.t.length]  # the trailing tile's ghost frames go
+        # the features are stage 4's to release after its first block: no reference is kept here
+        context = compat.stage_4(decoder, stage4_input(decoder, pre, tile.feature_frames, tile.h.cells, tile.w.cells,
+                                                       pre_first),
+                                 tile.is_origin, tile.t.cells[1] - tile.t.cells[0])
         batch = context.shape[0]
         x_t = tile_noise(self.seed, tile, batch, canvas_hw, context.device, context.dtype)
         return run_stage5(lambda x, s: decoder.forward_diffusion_step(context, x, s.expand(batch)), x_t, self.steps,

@@ -3,19 +3,22 @@
 A fresh pageable tensor takes its page faults inside the first device→host copy into it, which makes that copy
 several times slower than a copy into memory whose pages were already touched (bench/bench_host_copy.py,
 docs/PERFORMANCE.md). So the output is allocated, and its pages touched on a background thread, when a decode
-starts: the GPU is busy far longer than the touching takes. Pinned memory would copy
-faster still, but torch's pinned allocator rounds blocks up to a power of two and keeps them after they are freed.
+starts: the GPU is busy far longer than the touching takes (the touch writes zeros, so a decoder may also add
+into the frames: the diffusion decoder's tiles are blended there). Pinned memory would copy faster still, but
+torch's pinned allocator rounds blocks up to a power of two and keeps them after they are freed.
 """
 from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import torch
 
 
 class HostFrames:
-    """A host tensor of `shape` whose pages are being touched in the background until `ready()`."""
+    """A host tensor of `shape` whose pages are being touched in the background until `ready()`; with `prefault`
+    it is all zeros then."""
 
     def __init__(self, shape: tuple[int, ...], prefault: bool, dtype: torch.dtype = torch.float32) -> None:
         self._tensor = torch.empty(shape, dtype=dtype)
@@ -77,16 +80,17 @@ class DeviceToHost:
                 self._lock.release()
             raise
         self.moves: list = [None, None]  # the pending move out of each buffer
+        self.tasks: list = []            # pending `then` work
         self.turn = 0
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """`dst.copy_(src)`, later: `dst` (host, contiguous along its first axis) must not be read before
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, accumulate: bool = False) -> None:
+        """`dst.copy_(src)` (with `accumulate`: `dst.add_(src)`), later: `dst` (host) must not be read before
         `finish()`; `src` may be freed right away."""
         per_row = src[0].numel() * src.element_size() if src.shape[0] else 1
         step = max(1, self.chunk_bytes // per_row)
         if step * per_row > self.chunk_bytes:  # one row is larger than a buffer: copy it directly
             self.finish_moves()
-            dst.copy_(src)
+            dst.add_(src.to(dst.device)) if accumulate else dst.copy_(src)
             return
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         for start in range(0, src.shape[0], step):
@@ -99,15 +103,22 @@ class DeviceToHost:
                 staged.copy_(part, non_blocking=True)
                 done = torch.cuda.Event()
                 done.record(self.stream)
-            self.moves[self.turn] = self.mover.submit(_move, done, staged, dst[start:start + step])
+            self.moves[self.turn] = self.mover.submit(_move, done, staged, dst[start:start + step], accumulate)
             self.turn = 1 - self.turn
         src.record_stream(self.stream)  # its memory is not reused before the side stream has read it
+
+    def then(self, work: Callable[[], object]) -> None:
+        """Run `work` on the mover thread once every piece handed to `copy` before has been moved into place (the
+        mover takes its tasks in order): host-side work on frames whose last piece is on its way."""
+        self.tasks.append(self.mover.submit(_in_inference_mode, work))
 
     def finish_moves(self) -> None:
         for i, move in enumerate(self.moves):
             if move is not None:
                 move.result()
                 self.moves[i] = None
+        while self.tasks:
+            self.tasks.pop(0).result()
 
     def finish(self) -> None:
         """Wait for every copy (re-raising a failed one) and release the worker."""
@@ -124,8 +135,11 @@ class DirectCopy:
     """`DeviceToHost`'s interface where no staging is wanted (a CPU decode, output kept on the device): each copy
     happens at once."""
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        dst.copy_(src)
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, accumulate: bool = False) -> None:
+        dst.add_(src.to(dst.device)) if accumulate else dst.copy_(src)
+
+    def then(self, work: Callable[[], object]) -> None:
+        work()
 
     def finish_moves(self) -> None:
         pass
@@ -144,7 +158,13 @@ def _pinned(size: int) -> torch.Tensor:
     return torch.empty(size, dtype=torch.uint8, pin_memory=True)
 
 
-def _move(done: "torch.cuda.Event", staged: torch.Tensor, dst: torch.Tensor) -> None:
+def _move(done: "torch.cuda.Event", staged: torch.Tensor, dst: torch.Tensor, accumulate: bool = False) -> None:
     done.synchronize()
     with torch.inference_mode(dst.is_inference()):
-        dst.copy_(staged)
+        dst.add_(staged) if accumulate else dst.copy_(staged)
+
+
+def _in_inference_mode(work: Callable[[], object]) -> None:
+    # the decode's tensors were made under inference mode, which is per thread: writing them here needs it too
+    with torch.inference_mode():
+        work()

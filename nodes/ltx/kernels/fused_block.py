@@ -1,4 +1,5 @@
-"""Stage 5's diffusion block with its elementwise passes fused: the block forward the `triton` processor installs.
+"""The diffusion decoder's block forwards the `triton` processor installs: stage 5's with its elementwise passes
+fused, and for every block (stages 1-5) residuals added in place and projections made a chunk of rows at a time.
 
 diffusers' `LTX2VideoVaeDiffusionNABlock.forward` is, per block, an RMS norm then a multiply and an add for each of
 its two modulations, three out-of-place residual adds, and a SwiGLU in tiles of 16384 tokens (silu and the gate
@@ -13,6 +14,13 @@ reach memory, only their product (before: two cuBLAS GEMMs and a silu·gate pass
 reference; bf16 results differ by rounding only (the reference rounds
 after the norm, after each modulation step and after each projection). Tested in float32 through Triton's
 interpreter against diffusers' own forward.
+
+Memory: diffusers' blocks make a new hidden state per residual while the caller still holds the old one, and keep
+the attention's input, q, k, v, their rotated copies and the attention's output alive together (12 tensors of the
+width per token at stage 5 with the context). Here the residuals go into the caller's tensor, q|k|v is the only
+full-size temporary (filled from normed rows a chunk at a time; the attention is written over q) and the other
+projections are added a chunk at a time: 5 per token at stage 5 (with the context), 4 at stages 1-4
+(docs/PERFORMANCE.md, "The diffusion decoder's memory").
 """
 from __future__ import annotations
 
@@ -21,9 +29,11 @@ from dataclasses import dataclass
 import torch
 
 from .. import compat
+from . import na_attention
 from .na_triton import on_device, tl, triton
 
 SWIGLU_TOKENS = 65536  # tokens per SwiGLU tile: one hidden-width bf16 temporary, 128 MiB at C = 256 (hidden 1024)
+CHUNK_ELEMENTS = 1 << 25  # values per chunk of the lean blocks' temporaries (64 MiB in bf16; `chunk_rows`)
 
 
 @dataclass(frozen=True)
@@ -118,28 +128,82 @@ def swiglu_hidden(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, config:
     return out
 
 
-def swiglu_add_(mlp, x: torch.Tensor, out: torch.Tensor, tokens: int = SWIGLU_TOKENS,
+def swiglu_add_(mlp, x: torch.Tensor, out: torch.Tensor, tokens: int | None = None,
                 config: GemmConfig = SWIGLU_GEMM) -> None:
-    """`out += mlp(x)` for diffusers' `LTX2VideoVaeSwiGLU` (`w_down(silu(w_gate(x)) · w_up(x))`), in token tiles."""
-    flat_x, flat_out = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1])
+    """`out += mlp(x)` for diffusers' `LTX2VideoVaeSwiGLU` (`w_down(silu(w_gate(x)) · w_up(x))`), in token tiles
+    (`SWIGLU_TOKENS` unless given)."""
+    tokens = SWIGLU_TOKENS if tokens is None else tokens
     down = mlp.w_down.weight.t()
-    for start in range(0, flat_x.shape[0], tokens):
-        hidden = swiglu_hidden(flat_x[start:start + tokens], mlp.w_gate.weight, mlp.w_up.weight, config)
-        flat_out[start:start + tokens].addmm_(hidden, down)
+    for rows_x, rows_out in zip(item_rows(x.contiguous()), item_rows(out)):
+        for start in range(0, rows_x.shape[0], tokens):
+            hidden = swiglu_hidden(rows_x[start:start + tokens], mlp.w_gate.weight, mlp.w_up.weight, config)
+            rows_out[start:start + tokens].addmm_(hidden, down)
+
+
+def chunk_rows(width: int) -> int:
+    """Rows per chunk of the lean blocks' temporaries at `width` values per row: `CHUNK_ELEMENTS` values."""
+    return max(1, CHUNK_ELEMENTS // width)
+
+
+def item_rows(t: torch.Tensor) -> list[torch.Tensor]:
+    """Per batch item of `t` `[B, ..., C]`, its tokens as rows `[n, C]`, views of `t`: an item's tokens are
+    contiguous, the batch need not be (a temporal upsample that drops its leading frame leaves a strided batch)."""
+    return [t[i].view(-1, t.shape[-1]) for i in range(t.shape[0])]  # indexing, not unbind: the views are written
+
+
+def add_linear_(out: torch.Tensor, linear: torch.nn.Linear, x: torch.Tensor) -> None:
+    """`out += linear(x)` for `[B, ..., C]` tensors, a chunk of rows at a time: the projection never exists whole."""
+    step = chunk_rows(max(x.shape[-1], out.shape[-1]))
+    for rows_out, rows_x in zip(item_rows(out), item_rows(x)):
+        for start in range(0, rows_x.shape[0], step):
+            rows_out[start:start + step] += linear(rows_x[start:start + step])
 
 
 def block_forward(block, hidden_states: torch.Tensor, latent_context: torch.Tensor,
                   modulation: tuple[torch.Tensor, ...], block_mask=None) -> torch.Tensor:
-    """`LTX2VideoVaeDiffusionNABlock.forward` with the fused passes (its residuals are ungated, docs/MODEL.md §10.2)."""
+    """`LTX2VideoVaeDiffusionNABlock.forward` with the fused passes (its residuals are ungated, docs/MODEL.md §10.2),
+    adding every residual into `hidden_states` in place and returning it: diffusers' loop rebinds its name to the
+    result, so a new tensor per block would only keep the previous one alive beside it. With a processor that
+    projects q|k|v at once (`na_attention.adds_in_place`) the attention and the context projection run a chunk of
+    rows at a time, so stage 5's peak holds the context, the hidden state and q|k|v and nothing else of their size
+    (docs/PERFORMANCE.md, "The diffusion decoder's memory")."""
     table = block.scale_shift_table
     scale_msa, shift_msa, scale_mlp, shift_mlp = (modulation[i] + table[i].view(1, 1, 1, 1, -1) for i in (0, 1, 3, 4))
-    hidden = hidden_states + block.context_proj(latent_context)  # a new tensor: the caller's input stays intact
-    hidden += block.attn(norm_modulate(hidden, block.norm1, scale_msa, shift_msa), block_mask)
+    hidden = hidden_states
+    add_linear_(hidden, block.context_proj, latent_context)
+    if na_attention.adds_in_place(block.attn):
+        def prepare(rows: torch.Tensor, item: int) -> torch.Tensor:
+            return norm_modulate(rows[None], block.norm1, scale_msa[item:item + 1], shift_msa[item:item + 1])[0]
+
+        na_attention.add_attention_(block.attn, hidden, prepare, chunk_rows(hidden.shape[-1]))
+    else:
+        hidden += block.attn(norm_modulate(hidden, block.norm1, scale_msa, shift_msa), block_mask)
     swiglu_add_(block.mlp, norm_modulate(hidden, block.norm2, scale_mlp, shift_mlp), hidden)
     return hidden
 
 
+def det_block_forward(block, hidden_states: torch.Tensor, block_mask=None) -> torch.Tensor:
+    """`LTX2VideoVaeNABlock.forward` (stages 1-4: `x += attn(norm1(x))`, `x += mlp(norm2(x))`) with the same
+    operations, run in place on `hidden_states` (returned) and a chunk of rows at a time: the attention as in
+    `block_forward`, the MLP on chunks small enough that its three hidden-width temporaries stay a few chunks
+    (diffusers' own tiles hold 16384 rows whatever the width: 0.8 GB at stage 1's 2048 channels)."""
+    hidden = hidden_states
+    if na_attention.adds_in_place(block.attn):
+        na_attention.add_attention_(block.attn, hidden, lambda rows, item: block.norm1(rows),
+                                    chunk_rows(hidden.shape[-1]))
+    else:
+        hidden += block.attn(block.norm1(hidden), block_mask)
+    step = chunk_rows(block.mlp.w_up.out_features)
+    for rows in item_rows(hidden):
+        for start in range(0, rows.shape[0], step):
+            rows[start:start + step] += block.mlp(block.norm2(rows[start:start + step]))
+    return hidden
+
+
 def use_fused_blocks(model: torch.nn.Module, enabled: bool) -> None:
-    """Give every stage-5 block of a diffusers diffusion decoder the fused forward (`enabled`), or its own back."""
+    """Give every block of a diffusers diffusion decoder our forward (`enabled`: stage 5's `block_forward`, stages
+    1-4's `det_block_forward`), or its own back."""
     for block in compat.stage5_blocks(model):
         compat.override_forward(block, block_forward if enabled else None)
+    for block in compat.det_blocks(model):
+        compat.override_forward(block, det_block_forward if enabled else None)

@@ -22,6 +22,7 @@ import itertools
 import math
 import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -213,13 +214,18 @@ def _rotate(x: torch.Tensor, rope, scale: float) -> torch.Tensor:
     return rotated.to(x.dtype)
 
 
+def folds_scale(head_dim: int) -> bool:
+    """Whether the query's 1/√D is a power of two, so the rotation can carry it exactly (`_rotate`, `norm_rope`)."""
+    return math.log2(head_dim ** -0.5).is_integer()
+
+
 def project_qkv(attn, hidden_states: torch.Tensor, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor,
                                                                                 torch.Tensor]:
     """`attn.project_qkv` (diffusers' `LTX2VideoVaeNeighborhoodAttention`): Q/K/V `[B, T, H, W, heads, D]`,
     RMS-normed, query × 1/√D, 3-D RoPE — with the rotation of `_rotate`, or with `fused` (the `triton` processor)
     `na_triton.norm_rope`: norm and rotation in one float32 pass. Falls back to the module's own method when its
     scale is not a power of two (folding it would round differently)."""
-    if not math.log2(attn.scale).is_integer():
+    if not folds_scale(attn.head_dim):
         return attn.project_qkv(hidden_states)
     shape = (*hidden_states.shape[:4], attn.heads, attn.head_dim)
     if fused:  # one projection for q|k|v (the hidden state is read once), then norm + RoPE in place on q and k
@@ -250,11 +256,52 @@ class NeighborhoodAttnProcessor:
     def na3d(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: tuple[int, int, int]) -> torch.Tensor:
         raise NotImplementedError
 
+    def na3d_over_query(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        kernel: tuple[int, int, int]) -> torch.Tensor:
+        """`na3d` for a caller that no longer needs q: a processor whose kernel allows it writes the result over q's
+        memory (no output tensor); the others return a new one."""
+        return self.na3d(q, k, v, kernel)
+
     def __call__(self, attn, hidden_states: torch.Tensor, block_mask=None) -> torch.Tensor:
         batch, frames, height, width, channels = hidden_states.shape
         query, key, value = project_qkv(attn, hidden_states, self.fused_projection)  # [B, T, H, W, heads, D]
         out = self.na3d(query, key, value, tuple(attn.kernel_size))
         return attn.to_out[0](out.reshape(batch, frames, height, width, channels))
+
+
+def adds_in_place(attn) -> bool:
+    """Whether `add_attention_` can run `attn` with chunk-sized temporaries: its processor projects q|k|v at once
+    and norms and rotates them in place (`fused_projection`), and the query's scale folds into the rotation."""
+    processor = attn.processor
+    return isinstance(processor, NeighborhoodAttnProcessor) and processor.fused_projection and \
+        folds_scale(attn.head_dim)
+
+
+def add_attention_(attn, hidden: torch.Tensor, prepare: Callable[[torch.Tensor, int], torch.Tensor],
+                   tokens: int) -> None:
+    """`hidden += attn(prepare(hidden))` for diffusers' `LTX2VideoVaeNeighborhoodAttention` (`adds_in_place`), with
+    `hidden` `[B, T, H, W, C]` (each batch item contiguous) and `prepare(rows, item)` the attention's input for
+    `rows` `[n, C]` of batch item `item` (stage 5: the modulated norm). The only full-size tensor made is q|k|v:
+    the projection is filled `tokens` rows at a time from prepared rows, q and k are normed and rotated in place,
+    the attention is written over q where the processor allows (`na3d_over_query`), and the output projection is
+    added `tokens` rows at a time. Same operations and roundings as `attn(prepare(hidden))` through `__call__`."""
+    from . import na_triton
+    processor, (batch, frames, height, width, channels) = attn.processor, hidden.shape
+    projections = (attn.to_q, attn.to_k, attn.to_v)
+    weight, bias = torch.cat([p.weight for p in projections]).t(), torch.cat([p.bias for p in projections])
+    qkv = torch.empty(batch, frames, height, width, 3, attn.heads, attn.head_dim, dtype=hidden.dtype,
+                      device=hidden.device)
+    rows, qkv_rows = hidden.view(batch, -1, channels), qkv.view(batch, -1, 3 * channels)
+    for item, start in itertools.product(range(batch), range(0, rows.shape[1], tokens)):
+        torch.addmm(bias, prepare(rows[item, start:start + tokens], item), weight,
+                    out=qkv_rows[item, start:start + tokens])
+    query, key, value = qkv.unbind(4)                                           # [B, T, H, W, heads, D] views
+    na_triton.norm_rope(query, attn.norm_q, attn.rope, attn.scale, in_place=True)
+    na_triton.norm_rope(key, attn.norm_k, attn.rope, 1.0, in_place=True)
+    out = processor.na3d_over_query(query, key, value, tuple(attn.kernel_size)).view(batch, -1, channels)
+    del query, key, value, qkv, qkv_rows  # q|k|v goes now, unless the attention was written over q
+    for item, start in itertools.product(range(batch), range(0, rows.shape[1], tokens)):
+        rows[item, start:start + tokens] += attn.to_out[0](out[item, start:start + tokens])
 
 
 class SdpaNAProcessor(NeighborhoodAttnProcessor):
@@ -313,6 +360,10 @@ class TritonNAProcessor(NeighborhoodAttnProcessor):
 
     def na3d(self, q, k, v, kernel):
         return self._na_triton.na3d_triton(q, k, v, kernel, self.config)
+
+    def na3d_over_query(self, q, k, v, kernel):
+        # each program reads its own query rows before it writes their outputs, and no other program reads them
+        return self._na_triton.na3d_triton(q, k, v, kernel, self.config, out=q)
 
 
 class ByWindowProcessor(NeighborhoodAttnProcessor):

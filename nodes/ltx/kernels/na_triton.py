@@ -260,16 +260,21 @@ def norm_rope(x: torch.Tensor, norm: torch.nn.RMSNorm, rope, scale: float, block
 
 
 def na3d_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: tuple[int, int, int],
-                config: KernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
+                config: KernelConfig = DEFAULT_CONFIG, out: torch.Tensor | None = None) -> torch.Tensor:
     """Exact 3-D neighborhood attention with `scale=1.0` (q pre-scaled). `q, k, v`: `[B, T, H, W, heads, D]`,
     each with its last axis contiguous and k, v strided alike (diffusers' projections are). Returns a contiguous
-    tensor of q's shape and v's dtype."""
+    tensor of q's shape and v's dtype, or writes into `out` (q's shape and v's dtype, last axis contiguous) and
+    returns it. `out` may be q itself: a program loads its query rows once, before it stores their outputs, and
+    no other program reads them (a query row belongs to one tile and one head)."""
     b, t, h, w, heads, dim = q.shape
     if any(kk > n for kk, n in zip(kernel_size, (t, h, w))):
         raise LTX25Error(WHERE, "the attention grid (T, H, W)", (t, h, w), f"at least the kernel {tuple(kernel_size)}")
+    if out is None:
+        out = torch.empty(q.shape, dtype=v.dtype, device=q.device)
+    elif out.shape != q.shape or out.dtype != v.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be a {tuple(q.shape)} {v.dtype} tensor with a contiguous last axis")
     if not (q.stride() == k.stride() == v.stride() and q.stride(-1) == 1):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    out = torch.empty(q.shape, dtype=v.dtype, device=q.device)
     qt, qh, qw = config.tile
     grid = (-(-t // qt) * -(-h // qh) * -(-w // qw), b * heads)
     if _kernel is None:
