@@ -5,7 +5,9 @@ same stage-1 text-to-video call, 22B config with random bf16 weights, in these v
 - `eager_side_stream`: eager on a side stream, as the graph's warm-up and capture run (cuBLAS keeps a handle and
   workspace per stream, and its algorithm choice can depend on them);
 - `cuda_graph`: the graph denoiser;
-- `cuda_graph_replayed`: its second replay.
+- `cuda_graph_replayed`: its second replay;
+- `first_divergence`: every submodule of the DiT down to the blocks' children, hooked: the first ones, in call order,
+  whose output in the graph's replay differs from eager's (where the difference enters).
 
 Per variant against the first eager call: max |Δx0|, max |x0|, the share of elements that differ, and the largest
 difference in units of the bf16 spacing at the velocity's magnitude (|Δv| / ulp(v); ≤ 1 means one rounding step of the
@@ -46,6 +48,44 @@ def compare(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...], laten
     return out
 
 
+def _tensors(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    return []
+
+
+def record_outputs(dit: torch.nn.Module, store: dict, clone: bool) -> list:
+    """Forward hooks on `dit`'s submodules (at most 3 names deep) keeping each call's outputs in `store` (name → the
+    last call's tensors): cloned in eager, by reference in a capture (held, so the pool cannot reuse them, and read
+    after a replay)."""
+    handles = []
+    for name, module in dit.named_modules():
+        if name and name.count(".") <= 2:
+            def hook(_m, _args, out, name=name):
+                store.pop(name, None)
+                store[name] = [t.detach().clone() if clone else t for t in _tensors(out)]
+            handles.append(module.register_forward_hook(hook))
+    return handles
+
+
+def first_divergence(want: dict, got: dict, count: int = 12) -> list:
+    rows = []
+    for name, tensors in want.items():
+        if name not in got or len(got[name]) != len(tensors):
+            rows.append({"module": name, "missing_in_graph": True})
+        else:
+            diffs = [(a.float() - b.float()).abs().max().item() for a, b in zip(tensors, got[name])
+                     if a.shape == b.shape]
+            if any(d > 0 for d in diffs):
+                rows.append({"module": name, "max_abs_diff": max(diffs),
+                             "max_abs": max(a.float().abs().max().item() for a in tensors)})
+        if len(rows) >= count:
+            break
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true")
@@ -78,6 +118,21 @@ def main() -> None:
         graph = make_denoiser(model, cond, FPS, "cuda_graph")
         variants["cuda_graph"] = compare(graph(video, audio, SIGMA), want, (video, audio))
         variants["cuda_graph_replayed"] = compare(graph(video, audio, SIGMA), want, (video, audio))
+        release(model)
+        eager_outputs, graph_outputs = {}, {}
+        handles = record_outputs(model.dit, eager_outputs, clone=True)
+        eager(video, audio, SIGMA)
+        for h in handles:
+            h.remove()
+        handles = record_outputs(model.dit, graph_outputs, clone=False)
+        graph = make_denoiser(model, cond, FPS, "cuda_graph")
+        graph(video, audio, SIGMA)
+        for h in handles:
+            h.remove()
+        torch.cuda.synchronize()
+        result["first_divergence"] = first_divergence(eager_outputs, graph_outputs)
+        result["modules_hooked"] = len(eager_outputs)
+        del eager_outputs, graph_outputs
         release(model)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

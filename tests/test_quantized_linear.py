@@ -335,3 +335,24 @@ def test_fp8_compute_load_turns_only_the_blocks_linears_into_per_row_fp8(tiny_mo
     assert 0 < max(errors) < 2**-4, f"fp8-compute denoise off by {errors} of the output scale"
     with pytest.raises(LTX25Error, match="FP8 compute"):
         T.load_transformer(name, torch.float32, fp8_compute=True)  # refused before the file is read
+
+
+# Not bf16: Triton's interpreter truncates float32 → bf16 where the GPU rounds to nearest even; the float32 products
+# equal bit for bit here prove the decode, and bench/bench_nvfp4_linear.py checks bf16 equality on the GPU.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_nvfp4_one_pass_decode_equals_the_dequantizing_load_bit_for_bit(dtype):
+    """The Triton decode (run here in Triton's interpreter) reads every byte value, the swizzled scales across a
+    128-row tile and the tensor scale exactly as `quant.dequantize_nvfp4` does; high nibble first, sign bit 3."""
+    from nodes.ltx.kernels import nvfp4_triton
+    if nvfp4_triton.triton is None:
+        pytest.fail("Triton is a dependency of the pack's kernels and must be importable in the test environment")
+    g = torch.Generator().manual_seed(1)
+    rows, cols = 130, 96
+    packed = torch.randint(0, 256, (rows, cols // 2), generator=g, dtype=torch.uint8)
+    packed.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)  # every byte value once
+    stored = quant.quantize_nvfp4(torch.randn(rows, cols, generator=g))
+    block_scale, tensor_scale = stored["weight_scale"], torch.tensor(0.37)
+    want = quant.dequantize_nvfp4(packed, block_scale, tensor_scale, dtype)
+    got = nvfp4_triton.dequantize(packed, block_scale, tensor_scale, dtype, force_kernel=True)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert got.dtype == dtype and torch.equal(got.view(bits), want.view(bits))

@@ -232,13 +232,18 @@ def _byte_table(device: torch.device) -> torch.Tensor:
     return _BYTE_TABLES[device]
 
 
+def nvfp4_scales(block_scale: torch.Tensor, tensor_scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """The float32 scale of each block of 16 weights, `[rows, cols / 16]`: block scale × tensor scale."""
+    return unswizzle(block_scale, rows, cols // NVFP4_BLOCK).float() * tensor_scale.float().reshape(())
+
+
 def dequantize_nvfp4(packed: torch.Tensor, block_scale: torch.Tensor, tensor_scale: torch.Tensor,
                      dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """[out, in/2] U8 + swizzled E4M3 block scales + fp32 scalar → [out, in] `dtype`: e2m1 · (block · tensor scale),
     in float32 (the two scales multiply on the small `[out, in/16]` grid, so the big tensor takes one product)."""
     rows, half = packed.shape
     cols = half * 2
-    scales = unswizzle(block_scale, rows, cols // NVFP4_BLOCK).float() * tensor_scale.float().reshape(())
+    scales = nvfp4_scales(block_scale, tensor_scale, rows, cols)
     values = torch.nn.functional.embedding(packed.int(), _byte_table(packed.device))  # [rows, in/2, 2], high first
     values = values.reshape(rows, cols // NVFP4_BLOCK, NVFP4_BLOCK).mul_(scales.unsqueeze(-1))
     return values.reshape(rows, cols).to(dtype)
