@@ -54,7 +54,8 @@ if triton is not None:
         m = (nibble & 1).to(tl.float32)
         power = tl.where(e == 3, 4.0, tl.where(e == 2, 2.0, 1.0))
         magnitude = tl.where(e == 0, 0.5 * m, power * (1.0 + 0.5 * m))
-        return tl.where((nibble & 8) != 0, -magnitude, magnitude)
+        # × −1, not unary minus: Triton lowers −x to 0 − x, which turns −0 (nibble 8) into +0
+        return magnitude * tl.where((nibble & 8) != 0, -1.0, 1.0)
 
     @triton.jit
     def _decode(packed_ptr, scale_ptr, out_ptr, n_bytes, BLOCK: tl.constexpr):
