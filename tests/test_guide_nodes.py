@@ -122,6 +122,47 @@ def test_frame_index_minus_one_is_the_last_frame_and_is_cropped(model, video_enc
     assert out.shape == STAGE1
 
 
+@pytest.fixture
+def forwards(model, monkeypatch) -> list:
+    """Every stand-in forward's video latent and resolved guides (`GuidedStage`), in order."""
+    seen = []
+    stand_in = sys.modules["nodes.ltx.dit.transformer"]
+    real = stand_in.denoise
+
+    def spy(m, video, audio, sigma, cond, fps, guided=None):
+        seen.append((video.detach().clone(), guided))
+        return real(m, video, audio, sigma, cond, fps, guided)
+
+    monkeypatch.setattr(stand_in, "denoise", spy)
+    return seen
+
+
+def test_chained_image_guides_hold_the_first_and_a_middle_frame_in_both_stages(model, video_encoder, forwards):
+    """Keyframes by chaining: Image Guide at frame 0 → guides → Image Guide at frame 8 (the middle of 17). In every
+    forward of both stages (64 px, then 128 px) the clip's first latent frame is the first image's encode at that
+    stage's size and one appended latent frame, at time 8/24 s, is the second image's, both held (mask 0); the
+    sampler's output keeps the first and crops the appended frame. Fails if chaining drops or reorders a guide, or a
+    stage gets either image at the other stage's size."""
+    first, middle = _image(64, 64, seed=1), _image(64, 64, seed=2)
+    guides = nodes.LTX25ImageGuide().guide(first, video_encoder, 0, 1.0)[0]
+    guides = nodes.LTX25ImageGuide().guide(middle, video_encoder, 8, 1.0, guides)[0]
+    assert [g.frame for g in guides.video] == [0, 8]
+    for stage, shape, size in (("1", STAGE1, 64), ("2", STAGE2, 128)):
+        forwards.clear()
+        out = sample(model, torch.zeros(shape), torch.zeros(AUDIO), guides, stage)[0]["samples"]
+        want_first, want_middle = (_encode(video_encoder, image, size, 18) for image in (first, middle))
+        assert out.shape == shape and torch.allclose(out[:, :, :1], want_first, atol=1e-5), stage
+        assert forwards, "the stand-in denoiser never ran"
+        for video, held in forwards:
+            assert video.shape[2] == 4 and held.appended == 1, (stage, video.shape)
+            assert torch.allclose(video[:, :, :1], want_first, atol=1e-5), stage
+            assert torch.allclose(video[:, :, 3:], want_middle, atol=1e-5), stage
+            assert not held.video_mask[:, :, :1].any() and not held.video_mask[:, :, 3:].any(), stage
+            assert held.video_mask[:, :, 1:3].eq(1).all(), stage
+            starts = held.grid.video_coords[0, 0, -(size // 32) ** 2:, 0]
+            assert torch.allclose(starts, torch.full_like(starts, 8 / FPS)), starts
+
+
 def test_audio_guide_holds_the_audio_bit_for_bit_through_both_stages(model, audio_encoder):
     """Audio-to-video: the frames output is the fewest 8k+1 frames whose clip holds the audio; stage 1 then stage 2
     (fed stage 1's audio, as the templates do) return the encoded audio exactly."""
