@@ -13,10 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import wave
-
-import av
-import numpy as np
 
 import comfyui_harness as harness
 
@@ -27,11 +23,9 @@ DRIVER = os.path.join(harness.PACK_ROOT, "web", "tests", "browser_templates.mjs"
 # The page the templates are laid out for (nodes/tools/canvas_layout.py): a 1920×1080 screen.
 VIEWPORT = (1920, 1080)
 RUN_TIMEOUT_S = 300
-# The templates are sized for real weights (768×512×121): the tiny set on CPU gets the small clip, and the guided
-# nodes what the tiny transformer has (as the ComfyUI tier sends them).
+# The templates are sized for real weights (768×512×121): the tiny set on CPU gets the small clip, the guided
+# nodes what the tiny transformer has, the extend window as short as the tiny clip (as the ComfyUI tier sends them).
 TINY_WIDGETS = {"LTX25EmptyLatent": harness.SMALL_CLIP, **harness.TINY_GUIDED}
-# The window of the extend template made as short as the tiny clip (as tests/test_guide_workflows.py runs it).
-TINY_WIDGETS["LTX25ExtendClip"] = {"new_frames": 16}
 # What a node shows after a run, by (a fragment of) its DOM widget's name: the frontend's video preview of a save,
 # the pack's A/B viewer and decode figures (web/ltx25_ab_viewer.js).
 GROWN = {"LTX25SaveVideo": "preview", "LTX25DecoderCompare": "ltx25_ab_viewer",
@@ -79,27 +73,6 @@ def browser_tools() -> dict[str, str]:
     return {"node": node, "playwright": playwright_core()}
 
 
-def write_example_inputs(folder: str) -> None:
-    """The files the conditioning templates' core Load Image / Load Audio name (workflow_specs.EXAMPLE_FILES): two
-    small gradients, the first of another aspect than the clip's, and 0.6 s of a 440 Hz tone (17 frames at 24 fps)."""
-    from nodes.tools.workflow_specs import EXAMPLE_FILES
-    os.makedirs(folder, exist_ok=True)
-    for key, (height, width) in (("first", (70, 100)), ("last", (128, 192))):
-        y, x = np.meshgrid(np.linspace(0, 255, height), np.linspace(0, 255, width), indexing="ij")
-        rgb = np.stack([x, y, (x + y) / 2], -1).astype(np.uint8)
-        with av.open(os.path.join(folder, EXAMPLE_FILES[key]), "w", format="image2") as container:
-            stream = container.add_stream("png")
-            stream.width, stream.height, stream.pix_fmt = width, height, "rgb24"
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
-            container.mux(stream.encode())
-    tone = (np.sin(np.arange(9600) / 16000 * 2 * np.pi * 440) * 9000).astype(np.int16)
-    with wave.open(os.path.join(folder, EXAMPLE_FILES["audio"]), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(tone.tobytes())
-
-
 def run_templates(work: str, titles: list[str], tools: dict[str, str], thumbnails: str = "") -> dict:
     """Start ComfyUI with the pack and the tiny set under `work`, open and run every template in `titles` from the
     page; the driver's findings (thumbnails written into `thumbnails` when given)."""
@@ -108,9 +81,9 @@ def run_templates(work: str, titles: list[str], tools: dict[str, str], thumbnail
     models = harness.make_models_dir(work)
     write_tiny_set(models)
     write_tiny_dev_files(models)  # the dev template's transformer and distilled LoRA
-    write_example_inputs(os.path.join(work, "base", "input"))  # ComfyUI's input folder under --base-directory
     server = harness.start_server(work)
     try:
+        harness.write_example_inputs(server.input_dir)  # core Load Image / Load Audio list it when the page asks
         served = server.client.get("/workflow_templates").get(harness.PACK_FOLDER, [])
         missing = sorted(set(titles) - set(served))
         assert not missing, f"{missing} not served as templates; /workflow_templates: {served}"

@@ -23,10 +23,11 @@ from typing import Any
 
 import pytest
 
+from comfyui_boot import MODEL_FOLDERS
+
 PACK_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The folder name ComfyUI sees: it keys /workflow_templates, /extensions/<name>/ and `custom_nodes.<name>`.
 PACK_FOLDER = "ltx25_nodes"
-MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "latent_upscale_models", "loras")
 ENV_PATH, ENV_PYTHON = "COMFYUI_PATH", "COMFYUI_PYTHON"
 SKIP_REASON = (f"{ENV_PATH} is not set: set it to a ComfyUI checkout whose requirements are installed "
                f"(and {ENV_PYTHON} to that venv's python) to run the real-ComfyUI tests; see docs/COMFYUI_TESTS.md")
@@ -50,10 +51,15 @@ def _json_names(folder: str) -> tuple[str, ...]:
 # (nodes/tools/workflow_specs.py TITLES); their API twins in workflows/api keep the short names.
 EXPECTED_TEMPLATE_TITLES = _json_names(os.path.join(PACK_ROOT, "workflows"))
 EXPECTED_TEMPLATES = _json_names(os.path.join(PACK_ROOT, "workflows", "api"))
-# The templates this tier RUNS: the text-to-video ones. The conditioning templates (i2v, flf2v, a2v, extend) read
-# example files from ComfyUI's input folder and size their clips through links that SMALL_CLIP would overwrite; they
-# run headless on the tiny set in tests/test_guide_workflows.py, not yet inside ComfyUI here.
-RUN_TEMPLATES = tuple(name for name in EXPECTED_TEMPLATES if "_t2v_" in name)
+# The templates this tier RUNS: the text-to-video ones, and the conditioning ones, whose core Load Image / Load Audio
+# read the example files `write_example_inputs` puts into ComfyUI's input folder (one name a line).
+CONDITIONING_TEMPLATES = (
+    "ltx25_a2v_distilled",
+    "ltx25_extend",
+    "ltx25_flf2v_distilled",
+    "ltx25_i2v_distilled",
+)
+RUN_TEMPLATES = tuple(name for name in EXPECTED_TEMPLATES if "_t2v_" in name) + CONDITIONING_TEMPLATES
 
 
 # ---------------------------------------------------------------------------------------------------- locating
@@ -120,22 +126,65 @@ def api_workflows() -> list[str]:
 # is still two-stage (multiples of 64) with 3 latent frames, like the headless workflow tests.
 SMALL_CLIP = {"width": 192, "height": 128, "frames": 17}
 # The tiny transformer has 2 blocks: STG perturbs its last one instead of the reference's block 28; 3 of the dev
-# schedule's steps exercise the guided stage as well as 30 (each runs four forwards).
+# schedule's steps exercise the guided stage as well as 30 (each runs four forwards). The extend template's window
+# is made as short as the tiny clip (17 + 16 frames: 5 latent frames, 2 of them the overlap).
 TINY_GUIDED = {"LTX25MultimodalGuider": {"video_stg_blocks": "1", "audio_stg_blocks": "1"},
-               "LTX25GuidedSampler": {"steps": 3}}
+               "LTX25GuidedSampler": {"steps": 3},
+               "LTX25ExtendClip": {"new_frames": 16}}
 
 
 def small_clip(prompt: dict) -> dict:
     """A copy of an API graph whose LTX25EmptyLatent nodes ask for SMALL_CLIP (and whose guided nodes fit the
-    tiny transformer, TINY_GUIDED); everything else is unchanged."""
+    tiny transformer, TINY_GUIDED); an input wired to a link keeps its link (a2v's frames come from its audio);
+    everything else is unchanged."""
     resized = json.loads(json.dumps(prompt))
     empties = [node for node in resized.values() if node.get("class_type") == "LTX25EmptyLatent"]
     assert empties, "the workflow has no LTX25EmptyLatent node to size"
-    for node in empties:
-        node["inputs"].update(SMALL_CLIP)
     for node in resized.values():
-        node["inputs"].update(TINY_GUIDED.get(node.get("class_type"), {}))
+        values = {**(SMALL_CLIP if node.get("class_type") == "LTX25EmptyLatent" else {}),
+                  **TINY_GUIDED.get(node.get("class_type"), {})}
+        node["inputs"].update({k: v for k, v in values.items() if not isinstance(node["inputs"].get(k), list)})
     return resized
+
+
+def clip_frames(prompt: dict) -> int:
+    """The pixel frames every save of a `small_clip` graph holds: the clip's (an a2v clip's from its 0.6 s of
+    audio: 17 at 24 fps, as SMALL_CLIP's), plus an extension's new frames."""
+    extend = sum(node["inputs"]["new_frames"] for node in prompt.values() if node["class_type"] == "LTX25ExtendClip")
+    return SMALL_CLIP["frames"] + extend
+
+
+def mp4_frames(path: str) -> tuple[int, bool]:
+    """A saved video's frame count (decoded), and whether it has an audio stream."""
+    import av
+    with av.open(path) as container:
+        return sum(1 for _ in container.decode(video=0)), bool(container.streams.audio)
+
+
+def write_example_inputs(folder: str) -> str:
+    """The files the conditioning templates' core Load Image / Load Audio name (workflow_specs.EXAMPLE_FILES), into
+    a ComfyUI input folder: two small gradients, the first of another aspect than the clip's, and 0.6 s of a 440 Hz
+    tone (17 frames at 24 fps). The folder."""
+    import wave
+    import av
+    import numpy as np
+    from nodes.tools.workflow_specs import EXAMPLE_FILES
+    os.makedirs(folder, exist_ok=True)
+    for key, (height, width) in (("first", (70, 100)), ("last", (128, 192))):
+        y, x = np.meshgrid(np.linspace(0, 255, height), np.linspace(0, 255, width), indexing="ij")
+        rgb = np.stack([x, y, (x + y) / 2], -1).astype(np.uint8)
+        with av.open(os.path.join(folder, EXAMPLE_FILES[key]), "w", format="image2") as container:
+            stream = container.add_stream("png")
+            stream.width, stream.height, stream.pix_fmt = width, height, "rgb24"
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
+            container.mux(stream.encode())
+    tone = (np.sin(np.arange(9600) / 16000 * 2 * np.pi * 440) * 9000).astype(np.int16)
+    with wave.open(os.path.join(folder, EXAMPLE_FILES["audio"]), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(tone.tobytes())
+    return folder
 
 
 def load_json(path: str) -> Any:
@@ -243,6 +292,11 @@ class ComfyServer:
     extra_args: list[str] = field(default_factory=list)
 
     @property
+    def input_dir(self) -> str:
+        """ComfyUI's input folder (`--input-directory`): what core Load Image / Load Audio list and read."""
+        return os.path.join(self.work_dir, "input")
+
+    @property
     def client(self) -> Client:
         return Client(f"http://127.0.0.1:{self.port}")
 
@@ -251,7 +305,7 @@ class ComfyServer:
                 "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
                 # everything ComfyUI writes stays in the temp folder, never in the checkout
                 "--base-directory", os.path.join(self.work_dir, "base"),
-                "--output-directory", self.output_dir,
+                "--output-directory", self.output_dir, "--input-directory", self.input_dir,
                 "--extra-model-paths-config", yaml_path,
                 "--database-url", "sqlite:///:memory:",
                 # load our pack and no other (the checkout's own custom_nodes stay out), no API nodes
@@ -264,6 +318,7 @@ class ComfyServer:
         # --base-directory keeps ComfyUI's user, input and temp folders out of the checkout; its own (empty)
         # custom_nodes folder must exist, ours comes from the YAML
         os.makedirs(os.path.join(self.work_dir, "base", "custom_nodes"), exist_ok=True)
+        os.makedirs(self.input_dir, exist_ok=True)
         self.port = self.port or free_port()
         self.log_path = os.path.join(self.work_dir, "comfyui.log")
         env = child_env()
@@ -326,22 +381,25 @@ def run_inprocess_driver(work_dir: str, models_dir: str, workflows: list[str], t
                          resize: bool = True, core_loaders: dict[str, tuple[str, str]] | None = None,
                          encode_compare: dict[str, str] | None = None) -> dict:
     """Run `tests/comfyui_inprocess_driver.py` with COMFYUI_PYTHON on the workflows, sized as `small_clip` unless
-    `resize` is off; `core_loaders` ({case: (folder, file)}) has core's own loaders load those files too, and
-    `encode_compare` ({case: file}) encodes one input with core's encoder and the pack's for each file.
-    Its JSON report."""
+    `resize` is off, with the example inputs (`write_example_inputs`) in its ComfyUI input folder; `core_loaders`
+    ({case: (folder, file)}) has core's own loaders load those files too, and `encode_compare` ({case: file})
+    encodes one input with core's encoder and the pack's for each file. Its JSON report."""
     comfy_root, python = comfyui_path(), comfyui_python()
     custom_nodes = make_custom_nodes_dir(work_dir)
     os.makedirs(os.path.join(work_dir, "workflows"), exist_ok=True)
-    resized = []
+    resized, prompts = [], {}
     for path in workflows:
         resized.append(os.path.join(work_dir, "workflows", os.path.basename(path)))
+        name = os.path.splitext(os.path.basename(path))[0]
+        prompts[name] = small_clip(load_json(path)) if resize else load_json(path)
         with open(resized[-1], "w", encoding="utf-8") as f:
-            json.dump(small_clip(load_json(path)) if resize else load_json(path), f)
+            json.dump(prompts[name], f)
     workflows = resized
     report_path = os.path.join(work_dir, "inprocess_report.json")
     cmd = [python, os.path.join(PACK_ROOT, "tests", "comfyui_inprocess_driver.py"),
            "--comfyui", comfy_root, "--pack", os.path.join(custom_nodes, PACK_FOLDER), "--models", models_dir,
            "--out", os.path.join(work_dir, "output"), "--report", report_path,
+           "--input", write_example_inputs(os.path.join(work_dir, "input")),
            "--core-loaders", json.dumps(core_loaders or {}), "--encode-compare", json.dumps(encode_compare or {}),
            *workflows]
     result = subprocess.run(cmd, cwd=work_dir, env=child_env(), capture_output=True, text=True, timeout=timeout)
@@ -350,5 +408,6 @@ def run_inprocess_driver(work_dir: str, models_dir: str, workflows: list[str], t
                              f"{(result.stdout + result.stderr)[-6000:]}")
     report = load_json(report_path)
     report["out_dir"] = os.path.join(work_dir, "output")
+    report["prompts"] = prompts  # as the driver ran them
     report["log"] = (result.stdout + result.stderr)[-6000:]
     return report

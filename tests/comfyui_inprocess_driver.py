@@ -1,11 +1,13 @@
 """Run API-format workflows through ComfyUI's own executor, in this process, with no server; write a JSON report.
 
     COMFYUI_PYTHON tests/comfyui_inprocess_driver.py --comfyui ROOT --pack LINK --models DIR --out DIR \
-        --report FILE WORKFLOW.json...
+        --input DIR --report FILE WORKFLOW.json...
 
-Started by tests/test_comfyui_inprocess.py with ComfyUI's interpreter. ComfyUI's root goes first on `sys.path`;
-the pack root never does (its package `nodes` would shadow ComfyUI's `nodes.py`): the pack is loaded only through
-`nodes.load_custom_node`, from a `custom_nodes/<folder>` link, exactly as the server loads it.
+Started by tests/test_comfyui_inprocess.py with ComfyUI's interpreter, set up by tests/comfyui_boot.py: ComfyUI's
+root goes first on `sys.path`; the pack root never does (its package `nodes` would shadow ComfyUI's `nodes.py`): the
+pack is loaded only through `nodes.load_custom_node`, from a `custom_nodes/<folder>` link, exactly as the server
+loads it. `--input` is ComfyUI's input folder, where core Load Image / Load Audio find the conditioning templates'
+files.
 
 The report holds, per workflow: validation, executor success and messages, the UI outputs; and two observations
 taken while the real executor ran:
@@ -13,73 +15,23 @@ taken while the real executor ran:
 - `tensors`: `is_inference()` of every tensor in the pack nodes' raw outputs (the executor's output cache);
 - `handles` / `load_models_gpu`: the model-management patcher of every model handle a pack node returned, whether
   ComfyUI's `load_models_gpu` received it, and whether its module (or a submodule) ran a forward pass;
-  `loaded_models_after`: `current_loaded_models` afterwards.
+  `loaded_models_after`: `current_loaded_models` afterwards;
+and `conditioning`: what each sampler holds of its guides (tests/conditioning_checks.py `measure`).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import gc
+import importlib.util
 import inspect
 import json
 import os
-import sys
 import time
 import traceback
 from typing import Any
 
-
-def _isolate_sys_path(comfy_root: str) -> None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != here]
-    sys.path.insert(0, comfy_root)
-
-
-class StubServer:
-    """What PromptExecutor needs of PromptServer: a client id, the last node id and `send_sync`."""
-
-    def __init__(self) -> None:
-        self.client_id = None
-        self.last_node_id = None
-        self.last_prompt_id = None
-        self.sockets_metadata: dict = {}
-        self.events: list[tuple[str, Any]] = []
-
-    def send_sync(self, event: str, data: Any, sid: Any = None) -> None:
-        self.events.append((event, data))
-
-    def queue_updated(self) -> None:
-        pass
-
-
-def _tensors(value: Any, path: str, torch, depth: int = 0):
-    """(path, tensor) for every tensor in a node output: plain values, dicts, lists, dataclasses; not modules, nor
-    transformers configs (numbers only; from 5.2x some of their fields raise when read on a per-layer config)."""
-    if depth > 6 or isinstance(value, torch.nn.Module) or type(value).__module__.startswith("transformers."):
-        return
-    if isinstance(value, torch.Tensor):
-        yield path, value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _tensors(item, f"{path}.{key}", torch, depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from _tensors(item, f"{path}[{i}]", torch, depth + 1)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for f in dataclasses.fields(value):
-            yield from _tensors(getattr(value, f.name), f"{path}.{f.name}", torch, depth + 1)
-
-
-def _cached_outputs(executor, node_id: str) -> list:
-    """A node's raw outputs from the executor's output cache. ComfyUI 0.33's cache `get` is a coroutine returning a
-    `CacheEntry(ui, outputs)`; 0.3.x returned the outputs list itself, synchronously."""
-    entry = executor.caches.outputs.get(node_id)
-    if inspect.isawaitable(entry):
-        entry = asyncio.run(entry)
-    if entry is None:
-        return []
-    return list(entry.outputs) if hasattr(entry, "outputs") else list(entry)
+import comfyui_boot as boot  # this script's folder is still first on sys.path here; boot.comfy_flags takes it off
 
 
 # case → (core node id, its inputs; "{file}" is the file): the loader a core user picks for each tiny file.
@@ -157,6 +109,15 @@ def _encode_with_core_and_pack(nodes, case: str, name: str) -> dict:
     return entry
 
 
+def _conditioning_checks():
+    """tests/conditioning_checks.py, by its path: this folder is off sys.path once ComfyUI is on it."""
+    spec = importlib.util.spec_from_file_location("ltx25_conditioning_checks",
+                                                  os.path.join(boot.HERE, "conditioning_checks.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--comfyui", required=True)
@@ -168,45 +129,26 @@ def main(argv: list[str] | None = None) -> int:
                         help='JSON {case: [folder, file]}: each file loaded by core ComfyUI\'s own loader for it')
     parser.add_argument("--encode-compare", default="{}",
                         help='JSON {case: file}: core\'s and the pack\'s encoders on the same input (ENCODE_CASES)')
+    parser.add_argument("--input", default="", help="ComfyUI's input folder (core Load Image / Load Audio read it)")
     parser.add_argument("workflows", nargs="*")
     args = parser.parse_args(argv)
-    _isolate_sys_path(os.path.abspath(args.comfyui))
+    boot.comfy_flags(args.comfyui)  # before anything imports comfy.model_management
     report: dict[str, Any] = {"workflows": {}}
     start = time.perf_counter()
-
-    # 1. ComfyUI's flags before anything imports comfy.model_management (it picks the device at import).
-    import comfy.options  # noqa: F401  (argument parsing stays off: args hold the defaults)
-    from comfy.cli_args import args as comfy_args
-    comfy_args.cpu = True
-    comfy_args.disable_api_nodes = True
-
-    # 2. Folders: output/temp in the test's folder, the tiny set as the models folders.
-    import folder_paths
-    os.makedirs(args.out, exist_ok=True)
-    folder_paths.set_output_directory(args.out)
-    folder_paths.set_temp_directory(os.path.join(args.out, "temp"))
-    for folder in ("diffusion_models", "text_encoders", "vae", "latent_upscale_models", "loras"):
-        folder_paths.add_model_folder_path(folder, os.path.join(args.models, folder), is_default=True)
-    # core's Load LTXV Audio VAE lists checkpoints/, not vae/
-    folder_paths.add_model_folder_path("checkpoints", os.path.join(args.models, "vae"), is_default=True)
-
-    # 3. The pack, loaded the way ComfyUI loads a custom node.
+    boot.set_folders(args.out, args.models, args.input)
     import torch
     import comfy.model_management as mm
     import comfy.model_patcher
     import execution
-    import nodes
-    # core's extra nodes (comfy_extras: the LTXV latents, audio VAE and upscale-model loaders), as main.py loads them
-    asyncio.run(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))
-    builtin = set(nodes.NODE_CLASS_MAPPINGS)
-    report["pack_loaded"] = asyncio.run(nodes.load_custom_node(args.pack, ignore=builtin,
-                                                                module_parent="custom_nodes"))
-    module = f"custom_nodes.{os.path.basename(args.pack)}"
-    pack_classes = {name: cls for name, cls in nodes.NODE_CLASS_MAPPINGS.items()
-                    if getattr(cls, "RELATIVE_PYTHON_MODULE", None) == module}
+    # core's extra nodes (comfy_extras: the LTXV latents, audio VAE and upscale-model loaders, Load Audio) first, as
+    # main.py loads them; then the pack, the way ComfyUI loads a custom node
+    pack = boot.load_pack(args.pack, extra_nodes=True)
+    nodes, pack_classes = pack.nodes, pack.classes
+    report["pack_loaded"] = pack.loaded
     report["pack_nodes"] = sorted(pack_classes)
     report["comfy_nodes_module"] = os.path.abspath(nodes.__file__)
     report["setup_seconds"] = time.perf_counter() - start
+    checks = _conditioning_checks()
 
     report["core_loaders"] = {case: _load_with_core(nodes, case, folder, name)
                               for case, (folder, name) in json.loads(args.core_loaders).items()}
@@ -263,10 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             entry.update(valid=bool(valid), validation_error=error, node_errors=node_errors)
             if not valid:
                 continue
-            server = StubServer()
-            # cache_args as main.py gives them for --cache-classic: 0.33 reads "ram" and "ram_inactive" even then
-            executor = execution.PromptExecutor(server, cache_type=execution.CacheType.CLASSIC,
-                                                cache_args={"lru": 0, "ram": 0, "ram_inactive": 0})
+            executor = boot.new_executor()
             executor.execute(prompt, name, {"client_id": None}, outputs)
             entry["success"] = bool(executor.success)
             entry["messages"] = [[event, {k: v for k, v in data.items() if k != "current_inputs"}]
@@ -278,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             for node_id, node in prompt.items():
                 if node["class_type"] not in pack_classes:
                     continue
-                raw = _cached_outputs(executor, node_id)
+                raw = boot.cached_outputs(executor, node_id)
                 for i, per_output in enumerate(raw):
-                    for label, t in _tensors(per_output, f"{node_id}:{node['class_type']}[{i}]", torch):
+                    for label, t in boot.tensors(per_output, f"{node_id}:{node['class_type']}[{i}]", torch):
                         tensors.append({"node": node_id, "class_type": node["class_type"], "path": label,
                                         "is_inference": bool(t.is_inference()), "requires_grad": t.requires_grad})
                     for value in per_output if isinstance(per_output, list) else [per_output]:
@@ -297,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
             entry["handles"] = handles
             entry["load_models_gpu"] = [type(getattr(p, "model", p)).__name__ for p in loaded_patchers]
             entry["loaded_models_after"] = len(mm.current_loaded_models)
+            if entry["success"]:
+                with torch.inference_mode():
+                    entry["conditioning"] = checks.measure(
+                        prompt, lambda node_id: [out[0] for out in boot.cached_outputs(executor, node_id)],
+                        pack.module)
         except Exception:  # the report carries the traceback; the test prints it
             entry["exception"] = traceback.format_exc()
         entry["seconds"] = time.perf_counter() - t0

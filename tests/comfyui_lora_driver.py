@@ -13,10 +13,10 @@ the unpatched handle again restores every weight and the x0 bit for bit.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import sys
+
+import comfyui_boot as boot
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,18 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("--comfyui", "--pack", "--transformer", "--loras", "--report"):
         parser.add_argument(name, required=True)
     args = parser.parse_args(argv)
-    sys.path.insert(0, os.path.abspath(args.comfyui))
-    import comfy.options  # noqa: F401  (argument parsing stays off: args hold the defaults)
-    from comfy.cli_args import args as comfy_args
-    comfy_args.cpu = True
+    boot.comfy_flags(args.comfyui)
     import torch
 
-    # The pack as a package of its own name, as ComfyUI imports a custom node (its `nodes` stays inside it).
-    spec = importlib.util.spec_from_file_location("ltx25_pack", os.path.join(args.pack, "__init__.py"),
-                                                  submodule_search_locations=[args.pack])
-    pack = importlib.util.module_from_spec(spec)
-    sys.modules["ltx25_pack"] = pack
-    spec.loader.exec_module(pack)
+    boot.import_pack(args.pack, "ltx25_pack")  # a package of its own name, as ComfyUI imports a custom node
     from ltx25_pack.nodes.comfy import bridge
     from ltx25_pack.nodes.comfy.handles import Loaded
     from ltx25_pack.nodes.ltx.conditioning import Conditioning

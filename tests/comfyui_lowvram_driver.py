@@ -4,8 +4,8 @@ JSON report.
     COMFYUI_PYTHON tests/comfyui_lowvram_driver.py --comfyui ROOT --pack LINK --models DIR --out DIR \
         --report FILE WORKFLOW.json...
 
-Started by tests/test_comfyui_lowvram.py with ComfyUI's interpreter, loaded like tests/comfyui_inprocess_driver.py
-(whose helpers it reuses). Under `--cpu` model management never loads partially: the compute device is the CPU, so
+Started by tests/test_comfyui_lowvram.py with ComfyUI's interpreter, set up by tests/comfyui_boot.py as
+tests/comfyui_inprocess_driver.py is. Under `--cpu` model management never loads partially: the compute device is the CPU, so
 `load_models_gpu` treats every model as DISABLED (loaded whole). Each mode after the reference therefore runs ComfyUI's
 own model management against a simulated card (`SimulatedCard`):
 
@@ -30,24 +30,14 @@ import argparse
 import asyncio
 import gc
 import hashlib
-import importlib.util
 import json
 import os
-import sys
 import time
 import traceback
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import comfyui_boot as boot
 GIB, MIB = 2**30, 2**20
-
-
-def _inprocess_helpers():
-    spec = importlib.util.spec_from_file_location("ltx25_inprocess_driver",
-                                                  os.path.join(HERE, "comfyui_inprocess_driver.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class SimulatedCard:
@@ -122,14 +112,12 @@ def _digest(tensor) -> str:
     return f"{t.dtype}{tuple(t.shape)}:" + hashlib.sha256(raw.numpy().tobytes()).hexdigest()[:24]
 
 
-def lora_case(spec: dict, card: SimulatedCard, package: str) -> dict:
+def lora_case(spec: dict, card: SimulatedCard, pack) -> dict:
     """A LoRA'd tiny transformer (float32) denoised loaded whole (`--cpu`) and loaded partially on the LOW_VRAM card,
     where the LoRA'd layers ComfyUI leaves behind stream and get the patch on each device copy: the x0s, the LoRA's
     own effect for scale, how many streamed weights carried a patch, and whether unloading left every weight as read
     from the file."""
-    import importlib
     import torch
-    pack = lambda name: importlib.import_module(f"{package}.nodes.{name}")  # noqa: E731
     T, handles, assets = pack("ltx.dit.transformer"), pack("comfy.handles"), pack("ltx.files.assets")
     lora, streaming, bridge = pack("ltx.files.lora"), pack("ltx.streaming"), pack("comfy.bridge")
     dims = pack("tools.tiny.common").TINY_DIMS
@@ -176,38 +164,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lora", default="", help="JSON {transformer, lora, weight_bytes}: the streamed-LoRA case")
     parser.add_argument("workflows", nargs="+")
     args = parser.parse_args(argv)
-    helpers = _inprocess_helpers()
-    helpers._isolate_sys_path(os.path.abspath(args.comfyui))
+    boot.comfy_flags(args.comfyui)
     report: dict[str, Any] = {"modes": {}}
-
-    import comfy.options  # noqa: F401  (argument parsing stays off: args hold the defaults)
-    from comfy.cli_args import args as comfy_args
-    comfy_args.cpu = True
-    comfy_args.disable_api_nodes = True
-    import folder_paths
-    os.makedirs(args.out, exist_ok=True)
-    folder_paths.set_output_directory(args.out)
-    folder_paths.set_temp_directory(os.path.join(args.out, "temp"))
-    for folder in ("diffusion_models", "text_encoders", "vae", "latent_upscale_models", "loras"):
-        folder_paths.add_model_folder_path(folder, os.path.join(args.models, folder), is_default=True)
+    boot.set_folders(args.out, args.models)
 
     import torch
     import comfy.model_management as mm
     import comfy.model_patcher
     import execution
     import latent_preview
-    import nodes
-    builtin = set(nodes.NODE_CLASS_MAPPINGS)
-    report["pack_loaded"] = asyncio.run(nodes.load_custom_node(args.pack, ignore=builtin,
-                                                                module_parent="custom_nodes"))
-    package = f"custom_nodes.{os.path.basename(args.pack)}"
-    # ComfyUI imports the pack under a name made from its folder's path: find the pack's modules by their tails
-    bridge = next(m for n, m in sys.modules.items() if n.endswith(".nodes.comfy.bridge") and m is not None)
-    pack_name = bridge.__name__.rsplit(".nodes.", 1)[0]
-    streaming, encoder = (importlib.import_module(f"{pack_name}.nodes.ltx.{name}") for name in ("streaming",
-                                                                                               "text.encoder"))
-    pack_classes = {name for name, cls in nodes.NODE_CLASS_MAPPINGS.items()
-                    if getattr(cls, "RELATIVE_PYTHON_MODULE", None) == package}
+    pack = boot.load_pack(args.pack)
+    report["pack_loaded"] = pack.loaded
+    # ComfyUI imports the pack under a name made from its folder's path (boot.Pack.package)
+    pack_name = pack.package
+    bridge, streaming, encoder = (pack.module(name) for name in ("comfy.bridge", "ltx.streaming", "ltx.text.encoder"))
+    pack_classes = set(pack.classes)
     card = SimulatedCard(mm)
 
     # Observers: each load the pack asks for, what model management did to its models, the streamers made.
@@ -342,8 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not valid:
                     result.update(valid=False, validation_error=error, node_errors=node_errors)
                     continue
-                executor = execution.PromptExecutor(helpers.StubServer(), cache_type=execution.CacheType.CLASSIC,
-                                                    cache_args={"lru": 0, "ram": 0, "ram_inactive": 0})
+                executor = boot.new_executor()
                 executor.execute(prompt, name, {"client_id": None, "preview_method": preview}, outputs)
                 result["success"] = bool(executor.success)
                 result["errors"] = [[event, {k: v for k, v in data.items() if k != "current_inputs"}]
@@ -352,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
                 for node_id, node in prompt.items():
                     if node["class_type"] not in pack_classes:
                         continue
-                    for i, per_output in enumerate(helpers._cached_outputs(executor, node_id)):
-                        for label, t in helpers._tensors(per_output, f"{node_id}:{node['class_type']}[{i}]", torch):
+                    for i, per_output in enumerate(boot.cached_outputs(executor, node_id)):
+                        for label, t in boot.tensors(per_output, f"{node_id}:{node['class_type']}[{i}]", torch):
                             digests[label] = _digest(t)
                 result["digests"] = digests
                 result["loads"] = list(loads)
@@ -372,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.lora:
         try:
-            report["lora"] = lora_case(json.loads(args.lora), card, pack_name)
+            report["lora"] = lora_case(json.loads(args.lora), card, pack.module)
         except Exception:  # the report carries the traceback; the test prints it
             report["lora"] = {"exception": traceback.format_exc()}
     with open(args.report, "w", encoding="utf-8") as f:

@@ -11,10 +11,10 @@ ComfyUI's throttle held a plain update back).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
 import sys
+
+import comfyui_boot as boot
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,19 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("--comfyui", "--pack", "--report"):
         parser.add_argument(name, required=True)
     args = parser.parse_args(argv)
-    sys.path.insert(0, os.path.abspath(args.comfyui))
-    import comfy.options  # noqa: F401  (argument parsing stays off: args hold the defaults)
-    from comfy.cli_args import LatentPreviewMethod, args as comfy_args
-    comfy_args.cpu = True
+    comfy_args = boot.comfy_flags(args.comfyui)
+    from comfy.cli_args import LatentPreviewMethod
     import torch
     import comfy.latent_formats as latent_formats
     import comfy.utils
 
-    spec = importlib.util.spec_from_file_location("ltx25_pack", os.path.join(args.pack, "__init__.py"),
-                                                  submodule_search_locations=[args.pack])
-    pack = importlib.util.module_from_spec(spec)
-    sys.modules["ltx25_pack"] = pack
-    spec.loader.exec_module(pack)
+    boot.import_pack(args.pack, "ltx25_pack")
     from ltx25_pack.nodes.comfy import bridge
 
     sent = []

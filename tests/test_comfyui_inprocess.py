@@ -11,13 +11,19 @@ import os
 import pytest
 
 import comfyui_harness as h
-from comfyui_harness import EXPECTED_NODES, RUN_TEMPLATES
+from comfyui_harness import CONDITIONING_TEMPLATES, EXPECTED_NODES, RUN_TEMPLATES
 
 pytestmark = h.requires_comfyui
 
-# Loaders whose model computes in every shipped graph (at least one video VAE decodes; another may serve only its
-# latent statistics).
-ALWAYS_COMPUTING = ("LTX25TransformerLoader", "LTX25VideoVAELoader", "LTX25AudioVAELoader", "LTX25UpsamplerLoader")
+# Loaders whose model computes in every shipped graph that has them (at least one video VAE decodes; another may
+# serve only its latent statistics; a2v plays the given audio, so it has no audio VAE).
+ALWAYS_COMPUTING = ("LTX25TransformerLoader", "LTX25VideoVAELoader", "LTX25AudioVAELoader", "LTX25UpsamplerLoader",
+                    "LTX25VideoEncoderLoader", "LTX25AudioEncoderLoader")
+# What each conditioning template's samplers must hold (tests/conditioning_checks.py), as many pairs of (sampler,
+# guide) as it has: both stages hold the first frame (i2v, first–last frame: the last frame is appended and cropped)
+# or the audio (a2v); the extension window holds its overlap.
+HELD = {"ltx25_i2v_distilled": {"image": 2}, "ltx25_flf2v_distilled": {"image": 2},
+        "ltx25_a2v_distilled": {"audio": 2}, "ltx25_extend": {"extend": 1}}
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +73,8 @@ def test_workflow_validates_and_executes_successfully_in_prompt_executor(report,
         for item in files:
             path = os.path.join(report["out_dir"], item.get("subfolder", ""), item["filename"])
             assert item["type"] != "output" or os.path.getsize(path) > 0, path
+            if path.endswith(".mp4"):
+                assert h.mp4_frames(path) == (h.clip_frames(report["prompts"][name]), True), path
 
 
 @pytest.mark.parametrize("name", RUN_TEMPLATES)
@@ -98,9 +106,34 @@ def test_every_model_that_computes_was_loaded_by_comfy_model_management(report, 
     entry = _executed(report, name)
     handles = entry["handles"]
     computed = {x["class_type"] for x in handles if x["ran_forward"]}
-    assert computed >= set(ALWAYS_COMPUTING), f"{name}: models that ran: {sorted(computed)}"
+    present = {x["class_type"] for x in handles}
+    assert computed >= set(ALWAYS_COMPUTING) & present, f"{name}: models that ran: {sorted(computed)}"
     not_patchers = [x for x in handles if not x["is_model_patcher"]]
     assert not not_patchers, f"{name}: handles without a ComfyUI ModelPatcher: {not_patchers}"
     bypassed = [x for x in handles if x["ran_forward"] and not x["loaded_by_load_models_gpu"]]
     assert not bypassed, f"{name}: ran without load_models_gpu: {bypassed}; loaded: {entry['load_models_gpu']}"
     assert entry["loaded_models_after"] > 0, f"{name}: current_loaded_models is empty after the run"
+
+
+@pytest.mark.parametrize("name", CONDITIONING_TEMPLATES)
+def test_conditioning_templates_hold_their_guides_inside_comfyui(report, name):
+    """With core Load Image / Load Audio reading the example files from ComfyUI's input folder, each sampler holds
+    what its guides give, as tests/test_guide_workflows.py checks headless: the first latent frame of both stages is
+    the image encoded at that stage's size (96×64, then 192×128), the audio latents are the given audio's bit for
+    bit (and the audio guide's frames output is the clip's 17 frames), the extension window's overlap is the source's
+    last latent frames and the join is the source then the window's new frames. Fails when a guide does not reach a
+    sampler inside ComfyUI's executor, or ComfyUI's own image or audio loading feeds the guides something else."""
+    held = _executed(report, name)["conditioning"]
+    shipped = h.load_json(os.path.join(h.PACK_ROOT, "workflows", "api", f"{name}.json"))
+    links = {(i, k): v for i, n in shipped.items() for k, v in n["inputs"].items() if isinstance(v, list)}
+    assert {(i, k): report["prompts"][name][i]["inputs"][k] for i, k in links} == links, "sizing cut a link"
+    assert {kind: len(entries) for kind, entries in held.items() if entries} == HELD[name], held
+    for entry in held["image"]:
+        assert entry["shape"][2:] in ([3, 2, 3], [3, 4, 6]), entry  # 17 frames at stage 1's and stage 2's size
+        assert entry["scale"] > 0 and entry["max_abs"] <= 1e-5 * max(1.0, entry["scale"]), entry
+    assert sorted(e["shape"][3] for e in held["image"]) == ([2, 4] if held["image"] else []), held
+    for entry in held["audio"]:
+        assert entry["equal"] and entry["latents"] > 0 and entry["frames"] == h.SMALL_CLIP["frames"], entry
+    for entry in held["extend"]:
+        assert entry["overlap_equal"] and entry["source_kept"] and entry["window_joined"], entry
+        assert entry["joined_frames"] == entry["source_frames"] + entry["window_frames"] - entry["overlap"] == 5, entry

@@ -50,6 +50,13 @@ def tiny_set(server, tiny_models) -> str:
     return server.models_dir
 
 
+@pytest.fixture(scope="module")
+def example_inputs(server) -> str:
+    """The conditioning templates' example image and audio files in the server's input folder (--input-directory),
+    where core Load Image / Load Audio list and read them."""
+    return h.write_example_inputs(server.input_dir)
+
+
 def _json_roundtrip(value):
     return json.loads(json.dumps(value))
 
@@ -148,12 +155,14 @@ def _api_workflow_names() -> list[str]:
 
 
 @pytest.mark.parametrize("name", _api_workflow_names())
-def test_api_workflow_runs_to_success_and_its_outputs_exist(server, tiny_set, object_info, name):
-    """Each `workflows/api/*.json` (its clip sized down for the tiny set) POSTed to /prompt is accepted, ComfyUI's
-    executor finishes it with status success in /history, and every file an output node reports exists (mp4s
-    start with an `ftyp` box). Fails on any node error inside the real executor, e.g. model management or
-    dtype/device assumptions that only hold in the pack's own runner. /free before each prompt makes ComfyUI
-    drop its cached results, so each graph runs all its nodes (best effort: the worker acts on it when idle)."""
+def test_api_workflow_runs_to_success_and_its_outputs_exist(server, tiny_set, example_inputs, object_info, name):
+    """Each `workflows/api/*.json` (its clip sized down for the tiny set; the conditioning ones reading the example
+    files through core Load Image / Load Audio) POSTed to /prompt is accepted, ComfyUI's executor finishes it with
+    status success in /history, and every file an output node reports exists (mp4s start with an `ftyp` box and
+    hold the clip's frames and an audio stream). Fails on any node error inside the real executor, e.g. model
+    management or dtype/device assumptions that only hold in the pack's own runner. /free before each prompt makes
+    ComfyUI drop its cached results, so each graph runs all its nodes (best effort: the worker acts on it when
+    idle)."""
     path = os.path.join(h.PACK_ROOT, "workflows", "api", f"{name}.json")
     assert os.path.isfile(path), f"workflows/api/{name}.json is missing"
     prompt = h.small_clip(h.load_json(path))
@@ -186,6 +195,7 @@ def test_api_workflow_runs_to_success_and_its_outputs_exist(server, tiny_set, ob
             if file_path.endswith(".mp4"):
                 with open(file_path, "rb") as f:
                     assert f.read(12)[4:8] == b"ftyp", f"{file_path} is not an mp4"
+                assert h.mp4_frames(file_path) == (h.clip_frames(prompt), True), file_path
 
 
 def _broken_base() -> dict:

@@ -122,6 +122,81 @@ def test_frame_index_minus_one_is_the_last_frame_and_is_cropped(model, video_enc
     assert out.shape == STAGE1
 
 
+@pytest.fixture
+def forwards(model, monkeypatch) -> list:
+    """Every stand-in forward's video latent and resolved guides (`GuidedStage`), in order."""
+    seen = []
+    stand_in = sys.modules["nodes.ltx.dit.transformer"]
+    real = stand_in.denoise
+
+    def spy(m, video, audio, sigma, cond, fps, guided=None):
+        seen.append((video.detach().clone(), guided))
+        return real(m, video, audio, sigma, cond, fps, guided)
+
+    monkeypatch.setattr(stand_in, "denoise", spy)
+    return seen
+
+
+def test_chained_image_guides_hold_the_first_and_a_middle_frame_in_both_stages(model, video_encoder, forwards):
+    """Keyframes by chaining: Image Guide at frame 0 → guides → Image Guide at frame 8 (the middle of 17). In every
+    forward of both stages (64 px, then 128 px) the clip's first latent frame is the first image's encode at that
+    stage's size and one appended latent frame, at time 8/24 s, is the second image's, both held (mask 0); the
+    sampler's output keeps the first and crops the appended frame. Fails if chaining drops or reorders a guide, or a
+    stage gets either image at the other stage's size."""
+    first, middle = _image(64, 64, seed=1), _image(64, 64, seed=2)
+    guides = nodes.LTX25ImageGuide().guide(first, video_encoder, 0, 1.0)[0]
+    guides = nodes.LTX25ImageGuide().guide(middle, video_encoder, 8, 1.0, guides)[0]
+    assert [g.frame for g in guides.video] == [0, 8]
+    for stage, shape, size in (("1", STAGE1, 64), ("2", STAGE2, 128)):
+        forwards.clear()
+        out = sample(model, torch.zeros(shape), torch.zeros(AUDIO), guides, stage)[0]["samples"]
+        want_first, want_middle = (_encode(video_encoder, image, size, 18) for image in (first, middle))
+        assert out.shape == shape and torch.allclose(out[:, :, :1], want_first, atol=1e-5), stage
+        assert forwards, "the stand-in denoiser never ran"
+        for video, held in forwards:
+            assert video.shape[2] == 4 and held.appended == 1, (stage, video.shape)
+            assert torch.allclose(video[:, :, :1], want_first, atol=1e-5), stage
+            assert torch.allclose(video[:, :, 3:], want_middle, atol=1e-5), stage
+            assert not held.video_mask[:, :, :1].any() and not held.video_mask[:, :, 3:].any(), stage
+            assert held.video_mask[:, :, 1:3].eq(1).all(), stage
+            starts = held.grid.video_coords[0, 0, -(size // 32) ** 2:, 0]
+            assert torch.allclose(starts, torch.full_like(starts, 8 / FPS)), starts
+
+
+def _clip(frames: int, size: int = 64) -> torch.Tensor:
+    return torch.cat([_image(size, size, seed=10 + i) for i in range(frames)])
+
+
+@pytest.mark.parametrize("frame_index", [0, 8])
+def test_a_batch_of_nine_frames_is_held_from_the_frame_index_on_in_both_stages(model, video_encoder, forwards,
+                                                                               frame_index):
+    """An IMAGE batch of 9 frames (as core's LTXVAddGuide takes one at a frame index) is a clip: encoded whole, not
+    pre-compressed (as Encode Video leaves a clip), into 2 latent frames at each stage's size. At frame 0 they
+    replace the clip's first 2 latent frames; at frame 8 they are appended after the clip's 3 (time from 8/24 s)
+    and cropped. Held (mask 0) in every forward of both stages. Fails if only the first image is used, the batch
+    is encoded frame by frame, or it lands at another index."""
+    frames = _clip(9)
+    guides = nodes.LTX25ImageGuide().guide(frames, video_encoder, frame_index, 1.0)[0]
+    for stage, shape, size in (("1", STAGE1, 64), ("2", STAGE2, 128)):
+        forwards.clear()
+        out = sample(model, torch.zeros(shape), torch.zeros(AUDIO), guides, stage)[0]["samples"]
+        want = _encode(video_encoder, frames, size, 0)
+        assert want.shape[2] == 2 and out.shape == shape, (want.shape, out.shape)
+        assert torch.equal(guides.video[0].latent.cache[(size, size)], want), stage
+        slots = slice(0, 2) if frame_index == 0 else slice(3, 5)
+        if frame_index == 0:
+            assert torch.allclose(out[:, :, :2], want, atol=1e-5), stage
+        cells = (size // 32) ** 2  # tokens per latent frame
+        for video, held in forwards:
+            assert video.shape[2] == (3 if frame_index == 0 else 5), (stage, video.shape)
+            assert torch.allclose(video[:, :, slots], want, atol=1e-5), stage
+            assert not held.video_mask[:, :, slots].any(), stage
+            assert held.video_mask.sum() == held.video_mask.numel() - 2 * cells, stage  # the rest is free
+            if frame_index:
+                start = held.grid.video_coords[0, 0, 3 * cells, 0]  # the first appended token
+                assert torch.isclose(start, torch.tensor(8 / FPS)), start
+
+
 def test_audio_guide_holds_the_audio_bit_for_bit_through_both_stages(model, audio_encoder):
     """Audio-to-video: the frames output is the fewest 8k+1 frames whose clip holds the audio; stage 1 then stage 2
     (fed stage 1's audio, as the templates do) return the encoded audio exactly."""
@@ -167,6 +242,10 @@ def _bad_audio(audio_encoder):
     (lambda v, a: nodes.LTX25ImageGuide().guide(_image(64, 64), v, 0, 1.5)[0], "LTX25ImageGuide.strength"),
     (lambda v, a: nodes.LTX25ImageGuide().guide(_image(64, 64).expand(2, -1, -1, -1), v, 0, 1.0)[0],
      "LTX25ImageGuide.image"),
+    (lambda v, a: nodes.LTX25ImageGuide().guide(_clip(10), v, 0, 1.0)[0], "LTX25ImageGuide.image"),  # not 8k+1
+    (lambda v, a: nodes.LTX25ImageGuide().guide(_clip(9), v, 9, 1.0)[0], "LTX25ImageGuide.frame_index"),  # 9…17
+    (lambda v, a: nodes.LTX25ImageGuide().guide(_clip(9), v, -1, 1.0)[0], "LTX25ImageGuide.frame_index"),
+    (lambda v, a: nodes.LTX25ImageGuide().guide(_clip(25), v, 0, 1.0)[0], "LTX25ImageGuide.frame_index"),
     (lambda v, a: nodes.LTX25AudioGuide().guide({"waveform": torch.zeros(1, 2, 16000), "sample_rate": 16000}, a,
                                                 FPS, -0.1)[0], "LTX25AudioGuide.strength"),
     (lambda v, a: _bad_audio(a), "LTX25AudioGuide.audio"),  # 26 latents, the 17-frame clip has 18
@@ -176,9 +255,10 @@ def _bad_audio(audio_encoder):
                                                  {"samples": torch.zeros(AUDIO)}, 16, 4, 1.0), "LTX25ExtendClip.overlap"),
 ])
 def test_bad_inputs_are_named_by_node_and_field(model, video_encoder, audio_encoder, make, field):
-    """A frame index outside the clip (at sampling, where the clip's length is known), a strength outside [0, 1],
-    a batch of images, audio longer than the clip, new frames off a multiple of 8, an overlap longer than the
-    source: an LTX25Error whose `where` is the node's field."""
+    """A frame index outside the clip (at sampling, where the clip's length is known; a batch's frames must end
+    inside it), a strength outside [0, 1], a batch of images that is not 8k+1 frames, audio longer than the clip,
+    new frames off a multiple of 8, an overlap longer than the source: an LTX25Error whose `where` is the node's
+    field."""
     with pytest.raises(LTX25Error) as info:
         guides = make(video_encoder, audio_encoder)
         sample(model, torch.zeros(STAGE1), torch.zeros(AUDIO), guides)

@@ -3,21 +3,18 @@ read by the core-loader stand-ins (nodes/tools/core_standins.py) from an input f
 requested frame count, the held image / audio / overlap come out of the samplers as given."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
-import wave
 
 import av
-import numpy as np
 import pytest
 import torch
 
+import conditioning_checks
+from comfyui_harness import write_example_inputs
 from nodes.comfy import bridge as comfy_bridge
 from nodes.comfy import encode as encode_nodes
-from nodes.ltx.decode.tiling import TilingRequest
-from nodes.ltx.encode.image_prep import resize_crop
-from nodes.ltx.encode.video_encoder import encode_video
-from nodes.media.crf import precompress
 from nodes.tools import core_standins, run, workflow_specs
 from nodes.tools.graph import validate
 
@@ -25,29 +22,10 @@ ROOT = workflow_specs.ROOT
 SIZE = {"width": 192, "height": 128, "frames": 17}  # as the t2v templates' tiny runs
 
 
-def _write_png(path: str, height: int, width: int, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    y, x = np.meshgrid(np.linspace(0, 255, height), np.linspace(0, 255, width), indexing="ij")
-    rgb = np.stack([x, y, (x + y) / 2], -1) + rng.normal(0, 12, (height, width, 3))
-    with av.open(path, "w", format="image2") as container:
-        stream = container.add_stream("png")
-        stream.width, stream.height, stream.pix_fmt = width, height, "rgb24"
-        frame = av.VideoFrame.from_ndarray(np.clip(rgb, 0, 255).astype(np.uint8), format="rgb24")
-        container.mux(stream.encode(frame))
-        container.mux(stream.encode())
-
-
 @pytest.fixture
 def inputs(tmp_path, tiny_models):
-    folder = tmp_path / "input"
-    folder.mkdir()
-    names = workflow_specs.EXAMPLE_FILES
-    _write_png(str(folder / names["first"]), 70, 100, 1)  # another aspect than the clip's: cropped
-    _write_png(str(folder / names["last"]), 128, 192, 2)
-    samples = (np.sin(np.arange(9600) / 16000 * 2 * np.pi * 440) * 9000).astype(np.int16)  # 0.6 s, 16 kHz
-    with wave.open(str(folder / names["audio"]), "wb") as w:
-        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000), w.writeframes(samples.tobytes())
-    core_standins.set_input_dir(str(folder))
+    folder = write_example_inputs(str(tmp_path / "input"))  # the first image of another aspect: cropped
+    core_standins.set_input_dir(folder)
     comfy_bridge.set_output_dir(str(tmp_path / "out"))
     return folder
 
@@ -71,10 +49,18 @@ def _saved(prompt: dict, result: dict, frames: int) -> None:
 
 
 def _image_latent(result: dict, folder, name: str, width: int, height: int) -> torch.Tensor:
-    """The encode of the image as the guide must make it: H.264 at CRF 18, cover-and-crop, the video encoder."""
+    """The encode of the image as the guide must make it (conditioning_checks: H.264 at CRF 18, cover-and-crop, the
+    video encoder)."""
     image = core_standins.LoadImage().load_image(name)[0]
-    frames = resize_crop(torch.from_numpy(precompress(image.numpy(), 18)), width, height)
-    return encode_video(result["outputs"]["24"][0].module, frames[None], TilingRequest("off"))
+    return conditioning_checks.image_latent(_pack, result["outputs"]["24"][0], image, width, height)
+
+
+def _pack(name: str):
+    return importlib.import_module(f"nodes.{name}")
+
+
+def _measured(prompt: dict, result: dict) -> dict:
+    return conditioning_checks.measure(prompt, lambda node_id: result["outputs"][node_id], _pack)
 
 
 @pytest.mark.parametrize("name", ["ltx25_i2v_distilled", "ltx25_flf2v_distilled"])
@@ -89,6 +75,8 @@ def test_image_templates_hold_the_encoded_first_frame_in_both_stages(inputs, nam
         assert video.shape[2] == 3, video.shape
         want = _image_latent(result, inputs, first, w, h)
         assert torch.allclose(video[:, :, :1], want, atol=1e-5), (node, (video[:, :, :1] - want).abs().max())
+    held = _measured(prompt, result)  # what the ComfyUI tier reads from ComfyUI's executor says the same here
+    assert [(e["sampler"], e["max_abs"] <= 1e-5) for e in held["image"]] == [("10", True), ("12", True)], held
 
 
 def test_a2v_template_holds_the_given_audio_bit_for_bit(inputs):
@@ -101,6 +89,8 @@ def test_a2v_template_holds_the_given_audio_bit_for_bit(inputs):
     assert result["outputs"]["31"][1] == 17
     for node in ("10", "12"):
         assert torch.equal(result["outputs"][node][1]["samples"][:, :, :latent.shape[2]], latent), node
+    held = _measured(prompt, result)
+    assert [(e["sampler"], e["equal"], e["frames"]) for e in held["audio"]] == [("10", True, 17), ("12", True, 17)]
 
 
 def test_extend_template_joins_the_requested_length(inputs):
@@ -112,3 +102,5 @@ def test_extend_template_joins_the_requested_length(inputs):
     assert torch.equal(window[:, :, :2], source[:, :, 1:])
     joined = result["outputs"]["34"][0]["samples"]
     assert joined.shape[2] == 5 and torch.equal(joined[:, :, :3], source)
+    (held,) = _measured(prompt, result)["extend"]
+    assert held["overlap_equal"] and held["source_kept"] and held["window_joined"] and held["joined_frames"] == 5

@@ -3,7 +3,8 @@ frame, keyframes), an audio track held fixed (audio-to-video), and the window th
 
 The Image Guide hands the sampler a provider, not a latent: each stage calls it with its own grid, and it encodes
 the image at that stage's size, as the reference re-encodes its conditioning images for every stage (stage 1 at
-half size, stage 2 at full size). The H.264 pre-compression runs once, at the image's own size, before the resize.
+half size, stage 2 at full size). The H.264 pre-compression runs once, at the image's own size, before the resize
+(for one image; a batch of 8k+1 frames is a clip, encoded as it is, from the frame index on).
 """
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ def _strength(value: float, where: str) -> float:
 
 
 class ImageProvider:
-    """Encodes one (pre-compressed) image `[1, H, W, 3]` at each stage grid's pixel size, cached per size; checks
-    `frame_index` against the grid first, so a bad index names this node rather than the sampler."""
+    """Encodes one (pre-compressed) image `[1, H, W, 3]`, or 8k+1 consecutive frames `[8k+1, H, W, 3]`, at each stage
+    grid's pixel size, cached per size; checks `frame_index` (and the frames after it) against the grid first, so a
+    bad index names this node rather than the sampler."""
 
     def __init__(self, encoder, image, frame_index: int):
         self.encoder, self.image, self.frame_index = encoder, image, frame_index
@@ -52,15 +54,20 @@ class ImageProvider:
         from ..ltx.encode.image_prep import resize_crop
         from ..ltx.encode.video_encoder import encode_video, working_memory
         first, last = grid.first_frame, grid.last_frame
+        count = self.image.shape[0]
         frame = last + 1 + self.frame_index if self.frame_index < 0 else self.frame_index
-        if not first <= frame <= last:
-            raise LTX25Error(f"{IMAGE_NODE}.frame_index", "frame_index", self.frame_index,
-                             f"{first} … {last} (or −1 … −{last - first + 1} from the end) for this clip of "
-                             f"{last - first + 1} frames", "Lower it, or make the clip longer (frames on Empty Latent).")
+        if not first <= frame <= last - (count - 1):
+            what = "" if count == 1 else f" (its {count} frames must end by the clip's last frame)"
+            length = last - first + 1
+            expected = (f"{first} … {last - count + 1} (or −{count} … −{length} from the end) for this clip of "
+                        f"{length} frames" if count <= length else
+                        f"a clip of at least {count} frames (it has {length})")
+            raise LTX25Error(f"{IMAGE_NODE}.frame_index", f"frame_index{what}", self.frame_index, expected,
+                             "Lower it, or make the clip longer (frames on Empty Latent).")
         size = (grid.pixel_width, grid.pixel_height)
         self.calls.append(size)
         if size not in self.cache:
-            pixels = resize_crop(self.image, *size, where=IMAGE_NODE).unsqueeze(0)  # [1, 1, H, W, 3]
+            pixels = resize_crop(self.image, *size, where=IMAGE_NODE).unsqueeze(0)  # [1, N, H, W, 3]
             request = TilingRequest("auto")
             module = self.encoder.ready(working_memory(self.encoder.module, tuple(pixels.shape), request))
             self.cache[size] = encode_video(module, pixels, request, bridge.free_device_memory(), where=IMAGE_NODE,
@@ -70,7 +77,8 @@ class ImageProvider:
 
 class LTX25ImageGuide:
     DESCRIPTION = ("Conditions the clip on an image at a frame: frame 0 for image-to-video, −1 for the last frame; "
-                   "chain two for first–last frame.")
+                   "chain two for first–last frame, one per keyframe. A batch of 8k+1 images is that many consecutive "
+                   "frames from frame_index on.")
     CATEGORY = CATEGORY
     RETURN_TYPES = GUIDES_OUT
     RETURN_NAMES = ("guides",)
@@ -81,12 +89,15 @@ class LTX25ImageGuide:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "image": ("IMAGE", {"tooltip": "One image (a batch must hold one: chain a node per keyframe). Scaled to "
-                                "cover the clip and centre-cropped: another aspect loses its edges, never stretches."}),
+            "image": ("IMAGE", {"tooltip": "One image, or a batch of 8k+1 consecutive frames (9, 17, …: what the "
+                                "video encoder takes) placed from frame_index on; for keyframes apart, chain a node "
+                                "per keyframe. Scaled to cover the clip and centre-cropped: another aspect loses its "
+                                "edges, never stretches."}),
             "video_encoder": ("LTX25_VIDEO_ENCODER", {"tooltip": "From LTX-2.5 Load Video Encoder."}),
             "frame_index": ("INT", {"default": 0, "min": -8193, "max": 8192, "tooltip": (
-                "The pixel frame the image is: 0 the first (it replaces the first latent frame), −1 the last; "
-                "negative counts from the end. Checked against the clip's length at sampling.")}),
+                "The pixel frame the image (a batch's first frame) is: 0 the first (it replaces the first latent "
+                "frames), −1 the last; negative counts from the end. Checked against the clip's length at "
+                "sampling.")}),
             "strength": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01,
                                    "tooltip": "1: the frame is held exactly; lower lets the model move away from it."}),
         }, "optional": {"guides": CHAIN_INPUT}}
@@ -98,14 +109,22 @@ class LTX25ImageGuide:
         from ..media.crf import precompress
         from .encode import check_image
         frames = check_image(image, f"{IMAGE_NODE}.image")
-        if frames.shape[0] != 1:
-            raise LTX25Error(f"{IMAGE_NODE}.image", "the number of images", frames.shape[0], "1",
-                             "Chain one Image Guide per keyframe (its guides input), each with its frame_index.")
+        count = frames.shape[0]
+        if (count - 1) % TEMPORAL_COMPRESSION:  # the causal video encoder takes 1 + 8k frames
+            shorter = count - (count - 1) % TEMPORAL_COMPRESSION
+            raise LTX25Error(f"{IMAGE_NODE}.image", "the number of images", count,
+                             f"1, or 8k+1 consecutive frames ({shorter} or {shorter + TEMPORAL_COMPRESSION} here)",
+                             "Trim the batch to 8k+1 frames, or chain one Image Guide per keyframe (its guides "
+                             "input), each with its frame_index.")
         if isinstance(frame_index, bool) or not isinstance(frame_index, int):
             raise LTX25Error(f"{IMAGE_NODE}.frame_index", "frame_index", repr(frame_index), "a whole number")
         strength = _strength(strength, f"{IMAGE_NODE}.strength")
-        crf = image_crf(video_encoder.module.model_version)
-        pixels = torch.from_numpy(precompress(frames.detach().float().cpu().numpy(), crf, IMAGE_NODE))
+        # an image is pre-compressed as the reference pre-compresses image conditionings; a clip's frames are not
+        # (as LTX-2.5 Encode Video leaves a clip, and the reference its video conditionings)
+        crf = image_crf(video_encoder.module.model_version) if count == 1 else 0
+        pixels = frames.detach().float().cpu()
+        if crf:
+            pixels = torch.from_numpy(precompress(pixels.numpy(), crf, IMAGE_NODE))
         provider = ImageProvider(video_encoder, pixels, frame_index)
         return (_chain(Guides(video=(VideoGuide(provider, frame_index, strength, "auto"),)), guides),)
 
