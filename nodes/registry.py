@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 
 NODE_MODULES = ("loaders", "lora", "text", "conditioning", "guidance", "sampling", "decode_conv", "decode_diffusion",
-                "audio", "compare", "output", "encode", "guides")
+                "audio", "compare", "output", "encode", "guides", "reference_video")
 
 NODE_CLASS_MAPPINGS: dict[str, type] = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}

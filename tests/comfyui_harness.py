@@ -162,9 +162,10 @@ def mp4_frames(path: str) -> tuple[int, bool]:
 
 
 def write_example_inputs(folder: str) -> str:
-    """The files the conditioning templates' core Load Image / Load Audio name (workflow_specs.EXAMPLE_FILES), into
-    a ComfyUI input folder: two small gradients, the first of another aspect than the clip's, and 0.6 s of a 440 Hz
-    tone (17 frames at 24 fps). The folder."""
+    """The files the conditioning templates' core Load Image / Load Audio / Load Video name
+    (workflow_specs.EXAMPLE_FILES), into a ComfyUI input folder: two small gradients, the first of another aspect than
+    the clip's, 0.6 s of a 440 Hz tone (17 frames at 24 fps) and a 17-frame moving gradient at the clip's size (the
+    IC-LoRA reference). The folder."""
     import wave
     import av
     import numpy as np
@@ -178,6 +179,14 @@ def write_example_inputs(folder: str) -> str:
             stream.width, stream.height, stream.pix_fmt = width, height, "rgb24"
             container.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
             container.mux(stream.encode())
+    with av.open(os.path.join(folder, EXAMPLE_FILES["reference"]), "w") as container:  # 17 frames, the clip's size
+        stream = container.add_stream("libx264", rate=24)
+        stream.width, stream.height, stream.pix_fmt = 192, 128, "yuv420p"
+        y, x = np.meshgrid(np.linspace(0, 255, 128), np.linspace(0, 255, 192), indexing="ij")
+        for i in range(17):
+            rgb = np.stack([(x + 12 * i) % 256, y, (x + y) / 2], -1).astype(np.uint8)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
+        container.mux(stream.encode())
     tone = (np.sin(np.arange(9600) / 16000 * 2 * np.pi * 440) * 9000).astype(np.int16)
     with wave.open(os.path.join(folder, EXAMPLE_FILES["audio"]), "wb") as w:
         w.setnchannels(1)

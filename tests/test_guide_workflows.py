@@ -1,4 +1,4 @@
-"""The conditioning templates (i2v, first–last frame, a2v, extend) run headless on the tiny set, their image and audio
+"""The conditioning templates (i2v, first–last frame, a2v, extend, IC-LoRA) run headless on the tiny set, their image and audio
 read by the core-loader stand-ins (nodes/tools/core_standins.py) from an input folder: each save decodes with the
 requested frame count, the held image / audio / overlap come out of the samplers as given."""
 from __future__ import annotations
@@ -15,7 +15,12 @@ import conditioning_checks
 from comfyui_harness import write_example_inputs
 from nodes.comfy import bridge as comfy_bridge
 from nodes.comfy import encode as encode_nodes
+from nodes.ltx.decode.tiling import TilingRequest
+from nodes.ltx.encode.image_prep import resize_crop
+from nodes.ltx.encode.video_encoder import encode_video
+from nodes.ltx.files.lora import ReferenceScales
 from nodes.tools import core_standins, run, workflow_specs
+from nodes.tools.tiny import lora as tiny_lora
 from nodes.tools.graph import validate
 
 ROOT = workflow_specs.ROOT
@@ -36,6 +41,13 @@ def _run(name: str, **overrides) -> tuple[dict, dict]:
     prompt["5"]["inputs"].update({k: v for k, v in SIZE.items() if k not in overrides.get("keep", ())})
     for node_id, values in overrides.get("set", {}).items():
         prompt[node_id]["inputs"].update(values)
+    if "until" in overrides:  # only what those nodes need (e.g. one of the A/B decodes)
+        needed, todo = set(), list(overrides["until"])
+        while todo:
+            node_id = todo.pop()
+            needed.add(node_id)
+            todo += [v[0] for v in prompt[node_id]["inputs"].values() if isinstance(v, list) and v[0] not in needed]
+        prompt = {k: v for k, v in prompt.items() if k in needed}
     validate(prompt, workflow_specs.CLASSES)
     return prompt, run.execute(prompt, workflow_specs.CLASSES)
 
@@ -104,3 +116,36 @@ def test_extend_template_joins_the_requested_length(inputs):
     assert joined.shape[2] == 5 and torch.equal(joined[:, :, :3], source)
     (held,) = _measured(prompt, result)["extend"]
     assert held["overlap_equal"] and held["source_kept"] and held["window_joined"] and held["joined_frames"] == 5
+
+
+def test_ic_lora_template_conditions_stage_1_on_the_thinned_reference(inputs):
+    """The tiny IC-LoRA keeps every 2nd reference frame at full size: the guide's frames output (17) sizes the clip,
+    stage 1's reference is the encode of frames 0, 1, 3, …, 15 at stage 1's 96×64 (its provider asked once: stage 2
+    runs without it, on the plain transformer), and every save has 17 frames."""
+    prompt, result = _run("ltx25_ic_lora", keep=("frames",))
+    _saved(prompt, result, 17)
+    guides, frames = result["outputs"]["41"]
+    assert frames == 17 and prompt["12"]["inputs"]["model"] == ["1", 0] and "guides" not in prompt["12"]["inputs"]
+    provider = guides.reference[0].latent
+    assert list(provider.cache) == [(96, 64, 9)], list(provider.cache)
+    video = core_standins.GetVideoComponents().get(core_standins.LoadVideo().load(
+        workflow_specs.EXAMPLE_FILES["reference"])[0])[0]
+    picked = resize_crop(video[[0, *range(1, 17, 2)]], 96, 64)[None]
+    want = encode_video(result["outputs"]["24"][0].module, picked, TilingRequest("off"))
+    held = provider.cache[(96, 64, 9)]
+    assert torch.allclose(held, want, atol=1e-5), (held - want).abs().max()
+    assert result["outputs"]["40"][0].loras == (workflow_specs.IC_LORA_FILE[1],)
+
+
+def test_ic_lora_template_runs_a_half_size_reference(inputs, tiny_models):
+    """An IC-LoRA trained on half-size references (reference_downscale_factor 2) in the same template at 384×256:
+    stage 1's reference is encoded at 96×64, a quarter of stage 1's cells, and the conv save (the graph run for it
+    alone) has 17 frames: the reference's tokens, of another grid than the clip's, cropped."""
+    name = "tiny-ic-lora-half-size.safetensors"
+    tiny_lora.write_tiny_ic_lora(os.path.join(tiny_models, "loras", name), "v2v", seed=2)
+    prompt, result = _run("ltx25_ic_lora", keep=("frames",), until=("17",),
+                          set={"5": {"width": 384, "height": 256}, "40": {"lora_file": name}})
+    _saved(prompt, result, 17)
+    assert result["outputs"]["40"][0].reference == ReferenceScales(2, 1)
+    assert list(result["outputs"]["41"][0].reference[0].latent.cache) == [(96, 64, 17)]
+    assert result["outputs"]["12"][0]["samples"].shape == (1, 128, 3, 8, 12)

@@ -33,6 +33,7 @@ class Loaded:
     patcher: object
     info: AssetInfo
     reference: ReferenceScales = ReferenceScales()  # the IC-LoRAs' reference-video scaling (1, 1 without one)
+    loras: tuple[str, ...] = ()  # the names of the LoRA files applied to this view, in order
 
     @classmethod
     def register(cls, module: torch.nn.Module, info: AssetInfo,
@@ -104,7 +105,8 @@ class Loaded:
                                  "IC-LoRAs trained on differently scaled reference videos cannot be combined.")
         reference = ReferenceScales(*(getattr(theirs, w) if getattr(theirs, w) != 1 else getattr(mine, w)
                                       for w in ("spatial", "temporal")))
-        return replace(self.with_weight_deltas(lora.patches, strength, apply), reference=reference)
+        return replace(self.with_weight_deltas(lora.patches, strength, apply), reference=reference,
+                       loras=(*self.loras, name))
 
     def ready(self, memory_required: int = 0) -> torch.nn.Module:
         """Load onto the compute device through model management (evicting others if needed, streaming what does

@@ -72,7 +72,7 @@ PHASE_OF_CLASS = {
     "LTX25EmptyLatent": "Stage 1: half size", "LTX25LatentUpsample": "Stage 2: full size",
     "LTX25ConvVAEDecode": "Decode A: conv VAE", "LTX25DiffusionVAEDecode": "Decode B: diffusion VAE",
     "LTX25AudioDecode": "Audio", "LTX25DecoderCompare": "Compare A/B", "LTX25SaveVideo": "Save",
-    "LTX25ImageGuide": "Guides", "LTX25AudioGuide": "Guides",
+    "LTX25ImageGuide": "Guides", "LTX25AudioGuide": "Guides", "LTX25ReferenceVideoGuide": "Guides",
     "LTX25ExtendClip": "Extend", "LTX25JoinExtension": "Extend",
 }
 SAMPLERS = ("LTX25DistilledSampler", "LTX25GuidedSampler")
@@ -162,6 +162,8 @@ def node_size(class_type: str, node_class: type, preview_aspect: float,
     elif class_type == "LTX25SaveVideo":
         height += math.ceil((width - VIDEO_PREVIEW_MARGIN) * preview_aspect) + 8
     elif class_type == "LoadImage":
+        height += UPLOAD_BUTTON + math.ceil((width - VIDEO_PREVIEW_MARGIN) * preview_aspect) + IMAGE_MARGIN
+    elif class_type == "LoadVideo":  # its video plays under the upload button, like Load Image's picture
         height += UPLOAD_BUTTON + math.ceil((width - VIDEO_PREVIEW_MARGIN) * preview_aspect) + IMAGE_MARGIN
     elif class_type == "LoadAudio":
         height += UPLOAD_BUTTON + AUDIO_PLAYER

@@ -1,5 +1,6 @@
-"""Headless stand-ins for the two core ComfyUI nodes the conditioning templates start from, `LoadImage` and
-`LoadAudio`: the same class names, input names and outputs, reading a file from an input folder with PyAV. Inside
+"""Headless stand-ins for the core ComfyUI nodes the conditioning templates start from, `LoadImage`, `LoadAudio`,
+`LoadVideo` and `GetVideoComponents`: the same class names, input names and outputs, reading a file from an input
+folder with PyAV. Inside
 ComfyUI the real core nodes run (these are never registered as pack nodes); the headless runner and the tests use
 these so the templates run without ComfyUI. Only what the templates use is here: no masks from alpha, no upload."""
 from __future__ import annotations
@@ -68,4 +69,45 @@ class LoadAudio:
         return ({"waveform": waveform[None], "sample_rate": rate},)
 
 
-CLASSES = {"LoadImage": LoadImage, "LoadAudio": LoadAudio}
+class VideoFile:
+    """What the stand-in LoadVideo hands on (core's VIDEO): the file, decoded when its components are asked for."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+
+class LoadVideo:
+    CATEGORY = "video"
+    RETURN_TYPES = ("VIDEO",)
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"file": (_files(), {"video_upload": True})}}
+
+    def load(self, file: str):
+        return (VideoFile(_path(file, "LoadVideo.file")),)
+
+
+class GetVideoComponents:
+    """Core's outputs in its order (images, audio, fps, bit depth, colour space); only the frames and the frame rate
+    are read here (the audio output is None)."""
+    CATEGORY = "video"
+    RETURN_TYPES = ("IMAGE", "AUDIO", "FLOAT", "INT", "COMBO")
+    RETURN_NAMES = ("images", "audio", "fps", "bit_depth", "color_space")
+    FUNCTION = "get"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"video": ("VIDEO", {})}}
+
+    def get(self, video: VideoFile):
+        with av.open(video.path) as container:
+            stream = container.streams.video[0]
+            rgb = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+            fps = float(stream.average_rate or 0)
+        return torch.from_numpy(np.stack(rgb).astype(np.float32) / 255.0), None, fps, 8, ""
+
+
+CLASSES = {"LoadImage": LoadImage, "LoadAudio": LoadAudio, "LoadVideo": LoadVideo,
+           "GetVideoComponents": GetVideoComponents}

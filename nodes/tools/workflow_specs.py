@@ -20,7 +20,7 @@ from ..registry import NODE_CLASS_MAPPINGS
 from .core_standins import CLASSES as CORE_STANDINS
 from . import canvas_layout
 from .graph import execution_order, has_control_value, input_specs, is_widget
-from .tiny.lora import DEV_FILES
+from .tiny.lora import DEV_FILES, IC_LORA_FILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FILES = {component: name for component, (_folder, name) in OFFICIAL_FILES.items()}
@@ -167,7 +167,8 @@ for _workflow in WORKFLOWS.values():
 # ---------------------------------------------------------------------------------------------------- conditioning
 # The image and audio come from ComfyUI's core Load Image / Load Audio (headless: nodes/tools/core_standins.py); put
 # files of these names in ComfyUI's input folder, or pick your own on the node.
-EXAMPLE_FILES = {"first": "ltx25_first_frame.png", "last": "ltx25_last_frame.png", "audio": "ltx25_audio.wav"}
+EXAMPLE_FILES = {"first": "ltx25_first_frame.png", "last": "ltx25_last_frame.png", "audio": "ltx25_audio.wav",
+                 "reference": "ltx25_reference.mp4"}
 
 
 def _guided(spec: Spec, guides: int) -> Spec:
@@ -243,6 +244,29 @@ WORKFLOWS["ltx25_extend"] = {
                   "clip's positions; Join keeps the source and adds the window's new frames. Keep both overlaps "
                   "equal."},
 }
+# IC-LoRA (Lightricks' ICLoraPipeline): stage 1 runs the transformer with the IC-LoRA and the reference video appended;
+# stage 2 the plain transformer with no reference, as the reference pipeline does. The clip's length comes from the
+# video (the guide's frames output).
+WORKFLOWS["ltx25_ic_lora"] = {
+    "nodes": [(i, c, t, {**v, "model": (40, 0), "guides": (41, 0)} if i == 10 else
+               {**v, "frames": (41, 1)} if i == 5 else v) for i, c, t, v in _common(stats_vae=7)]
+    + [ENCODER,
+       (38, "LoadVideo", "Reference video", {"file": EXAMPLE_FILES["reference"]}),
+       (39, "GetVideoComponents", "Reference frames", {"video": (38, 0)}),
+       (40, "LTX25LoraLoader", "IC-LoRA (stage 1 only)", {"model": (1, 0), "lora_file": IC_LORA_FILE[1],
+                                                          "strength": 1.0}),
+       (41, "LTX25ReferenceVideoGuide", "Reference video guide (stage 1)",
+        {"model": (40, 0), "images": (39, 0), "video_encoder": (24, 0), "strength": 1.0})]
+    + _ab_outputs("ltx25_ic_lora"),
+    "notes": {1: "Put the official LTX-2.5 files in ComfyUI's model folders (README), your IC-LoRA in loras/ and the "
+                 "reference (control) video in ComfyUI's input folder.",
+              40: "Pick your IC-LoRA. Its file's metadata says at what size and frame spacing it was trained on "
+                  "reference videos; stage 2 runs the plain transformer, as the reference pipeline does.",
+              41: "The video is fitted to 1/s of stage 1's size (cover and centre-crop; an aspect far from the "
+                  "clip's is refused) and its tokens are appended clean, at positions stretched back onto the "
+                  "clip's by the IC-LoRA's factors. frames sets the clip's length to what the video covers."},
+    "phases": {40: "Guides"},
+}
 for _workflow in WORKFLOWS.values():
     _workflow["notes"].setdefault(5, TWO_STAGE_NOTE)
 
@@ -257,6 +281,7 @@ TITLES = {
     "ltx25_flf2v_distilled": "LTX-2.5 FLF2V, A-B decoders",
     "ltx25_a2v_distilled": "LTX-2.5 A2V, conv VAE",
     "ltx25_extend": "LTX-2.5 extend, conv VAE",
+    "ltx25_ic_lora": "LTX-2.5 IC-LoRA, A-B decoders",
 }
 
 

@@ -20,6 +20,10 @@ Video guides (`VideoGuide`) at a pixel frame, with a strength in [0, 1] (1: held
   appending whole latent frames after the clip's is appending their tokens after the clip's (patchify order f, h, w);
 - 'auto' (the reference's `combined_image_conditionings`): replace at frame 0, append anywhere else.
 Audio guides (`AudioGuide`) replace audio latents from an index (ltx-core's latent-index rule on the audio tokens).
+IC-LoRA reference videos (`ReferenceGuide`, ltx-core `VideoConditionByReferenceLatent`) are appended like guides, at
+1/s of the clip's latent grid, their positions stretched back onto the clip's by the IC-LoRA's scale factors
+(`reference_position_bounds`). Appended pieces of another grid than the clip's make the extended latent one row of
+tokens, `[B, 128, 1, 1, N]` (what the DiT sees is the token sequence either way; see `GuidedStage`).
 
 Frame → latent index (the video VAE is causal): pixel frame 0 ↔ latent 0; pixel frames 8k−7 … 8k ↔ latent k.
 """
@@ -93,6 +97,17 @@ class AudioGuide:
 
 
 @dataclass(frozen=True, eq=False)
+class ReferenceGuide:
+    """An IC-LoRA reference video: a normalized latent `[1 or B, 128, f, H'/spatial, W'/spatial]` (its frames taken
+    as frame 0, then every `temporal`-th), appended after the clip's tokens with `strength`; `spatial` and `temporal`
+    are the IC-LoRA's `ReferenceScales`."""
+    latent: GuideLatent
+    strength: float = 1.0
+    spatial: int = 1
+    temporal: int = 1
+
+
+@dataclass(frozen=True, eq=False)
 class Guides:
     """LTX25_GUIDES: what a stage is conditioned on. `video_offset`/`audio_offset`: the stage's latents are a window
     of a longer clip starting at these latent indices (extend.py); positions and frame indices are that clip's."""
@@ -100,6 +115,7 @@ class Guides:
     audio: tuple[AudioGuide, ...] = ()
     video_offset: int = 0
     audio_offset: int = 0
+    reference: tuple[ReferenceGuide, ...] = ()
 
     def __add__(self, other: "Guides") -> "Guides":
         """Both lists of guides (applied in order: a later replace wins where two overlap)."""
@@ -109,7 +125,8 @@ class Guides:
                              f"{(self.video_offset, self.audio_offset)} and {(other.video_offset, other.audio_offset)}",
                              "the same window", "Guides for an extended clip belong to that clip's window.")
         return Guides(self.video + other.video, self.audio + other.audio,
-                      max(self.video_offset, other.video_offset), max(self.audio_offset, other.audio_offset))
+                      max(self.video_offset, other.video_offset), max(self.audio_offset, other.audio_offset),
+                      self.reference + other.reference)
 
 
 # ---------------------------------------------------------------------------------------------------- frame mapping
@@ -148,6 +165,25 @@ def guide_position_bounds(batch: int, frames: int, height: int, width: int, fram
     return bounds.unsqueeze(0).expand(batch, -1, -1, -1)
 
 
+def reference_position_bounds(batch: int, frames: int, height: int, width: int, fps: float, spatial: int = 1,
+                              temporal: int = 1, device: torch.device | str | None = None) -> torch.Tensor:
+    """`[B, 3, f·h·w, 2]` positions of an IC-LoRA reference latent of `frames` × `height` × `width` cells (ltx-core
+    `VideoConditionByReferenceLatent`): its own grid as the start of a clip (causal fix), its frames `temporal` of the
+    clip's apart — time divided by `fps / temporal`, then moved back by `temporal − 1` clip frames (its first frame's
+    end, 1/fps, scaled) and clamped at 0, so its first frame spans the clip's `[0, 1/fps)` and latent j ends where
+    clip frame `8·j·temporal` ends — and its pixels `spatial` times larger, each cell covering `spatial`² of the
+    clip's cells."""
+    st = VIDEO_SCALE[0]
+    bounds = latent_pixel_bounds(frames, height, width, 0, device)
+    bounds[0] = (bounds[0] + 1 - st).clamp(min=0) / (fps / temporal)
+    if temporal != 1:
+        first_end = (torch.ones((), device=device) / fps)  # the clip's first frame ends at 1/fps (float32, as its)
+        bounds[0] = (bounds[0] - (temporal - 1) * first_end).clamp(min=0)
+    if spatial != 1:
+        bounds[1:] *= spatial
+    return bounds.unsqueeze(0).expand(batch, -1, -1, -1)
+
+
 # ---------------------------------------------------------------------------------------------------- one stage
 class Grid(NamedTuple):
     """Per-stage DiT inputs that do not change between steps (transformer.Grid's fields)."""
@@ -174,7 +210,10 @@ def uniform_timesteps(sigma: torch.Tensor) -> Timesteps:
 class GuidedStage:
     """One stage's conditioning, resolved for its latents (`resolve`). Video tensors cover the clip's F frames then
     the appended guides' K: clean `[B, 128, F+K, H', W']` and mask `[B, 1, F+K, H', W']` float32; audio clean
-    `[B, 8, T, 16]`, mask `[B, 1, T, 1]`. mask = 1 − strength on conditioned cells, 1 elsewhere."""
+    `[B, 8, T, 16]`, mask `[B, 1, T, 1]`. mask = 1 − strength on conditioned cells, 1 elsewhere. When an appended
+    piece has another grid than the clip's (an IC-LoRA reference at 1/s size), the video tensors are the token
+    sequence as one row, `[B, C, 1, 1, F·H'·W' + appended tokens]`: the DiT, the noise, the blends and the memory
+    estimate see tokens, so nothing else changes; `clip_grid` (H', W') tells `crop` how to lay the clip out again."""
     video_clean: torch.Tensor
     video_mask: torch.Tensor
     audio_clean: torch.Tensor
@@ -184,30 +223,48 @@ class GuidedStage:
     video_frozen: bool     # every video token held (mask 0)
     audio_frozen: bool     # every audio token held: audio-to-video
     offsets: tuple[int, int] = (0, 0)
+    clip_grid: tuple[int, int] | None = None  # the clip's (H', W'); None: the video tensors' own
     _tokens: dict = field(default_factory=dict, repr=False)
 
     @property
+    def flat(self) -> bool:
+        """The video tensors are one row of tokens (an appended piece of another grid than the clip's)."""
+        return self.clip_grid is not None and tuple(self.video_clean.shape[3:]) != tuple(self.clip_grid)
+
+    @property
     def appended(self) -> int:
-        """Latent frames of appended guides (K)."""
+        """Latent frames of appended guides (K) of a stage in the clip's grid."""
         return self.video_clean.shape[2] - self.frames
+
+    @property
+    def appended_tokens(self) -> int:
+        """Tokens appended after the clip's (guides and references)."""
+        h, w = self.clip_grid or self.video_clean.shape[3:]
+        return self.video_clean[0, 0].numel() - self.frames * h * w
 
     def to(self, device: torch.device) -> "GuidedStage":
         move = lambda t: t.to(device)  # noqa: E731
         return GuidedStage(move(self.video_clean), move(self.video_mask), move(self.audio_clean),
                            move(self.audio_mask), Grid(*map(move, self.grid)), self.frames, self.video_frozen,
-                           self.audio_frozen, self.offsets)
+                           self.audio_frozen, self.offsets, self.clip_grid)
 
     def extend(self, video: torch.Tensor) -> torch.Tensor:
-        """The clip's latent `[B, 128, F, H', W']` with the appended guides' slots (zeros, as the reference starts
-        them) after it."""
-        if not self.appended:
+        """The clip's latent `[B, 128, F, H', W']` with the appended pieces' slots (zeros, as the reference starts
+        them) after it, in the layout of `video_clean`."""
+        if not self.appended_tokens:
             return video
         b, c, _, h, w = video.shape
-        return torch.cat([video, video.new_zeros(b, c, self.appended, h, w)], dim=2)
+        if not self.flat:
+            return torch.cat([video, video.new_zeros(b, c, self.appended, h, w)], dim=2)
+        tokens = video.flatten(2)
+        return torch.cat([tokens, tokens.new_zeros(b, c, self.appended_tokens)], dim=2)[:, :, None, None]
 
     def crop(self, video: torch.Tensor) -> torch.Tensor:
-        """The clip's frames of a `[B, 128, F+K, H', W']` latent: appended guides never leave the sampler."""
-        return video[:, :, : self.frames]
+        """The clip's frames of an extended latent: appended guides and references never leave the sampler."""
+        if not self.flat:
+            return video[:, :, : self.frames]
+        h, w = self.clip_grid
+        return video.flatten(2)[:, :, : self.frames * h * w].unflatten(2, (self.frames, h, w))
 
     def noised(self, video: torch.Tensor, audio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """After noising to σ_0: conditioned tokens moved back toward their clean values (`lerp(clean, x, mask)`)."""
@@ -269,7 +326,8 @@ def resolve(guides: Guides | None, video: torch.Tensor, audio: torch.Tensor, fps
     if not isinstance(guides, Guides):
         raise LTX25Error(where, "the value", type(guides).__name__, "LTX25_GUIDES (a Guides value)",
                          "Connect a guides output of an LTX-2.5 conditioning node.")
-    if not guides.video and not guides.audio and not (guides.video_offset or guides.audio_offset):
+    if not guides.video and not guides.audio and not guides.reference and \
+            not (guides.video_offset or guides.audio_offset):
         return None
     b, _, f, h, w = video.shape
     t = audio.shape[2]
@@ -318,18 +376,47 @@ def resolve(guides: Guides | None, video: torch.Tensor, audio: torch.Tensor, fps
                              "Trim the audio, or make the clip longer (frames on Empty Latent).")
         audio_clean[:, :, start:start + count] = latent
         audio_mask[:, :, start:start + count] = 1.0 - strength
+    for number, reference in enumerate(guides.reference, 1):  # after every guide, as the reference appends them
+        appended.append(_reference(reference, grid, where, f"reference video {number}", device))
     video_coords = video_position_bounds(b, f, h, w, grid.fps, device, grid.video_offset)
     keyframes = first_frame_keyframes_mask(b, f, h, w, device, grid.video_offset)
     if appended:
-        video_clean = torch.cat([video_clean, *(a[0] for a in appended)], dim=2)
-        video_mask = torch.cat([video_mask, *(a[1] for a in appended)], dim=2)
+        if all(a[0].shape[3:] == (h, w) for a in appended):
+            video_clean = torch.cat([video_clean, *(a[0] for a in appended)], dim=2)
+            video_mask = torch.cat([video_mask, *(a[1] for a in appended)], dim=2)
+        else:  # another grid: one row of tokens (patchify order f, h, w within each piece)
+            video_clean = torch.cat([video_clean.flatten(2), *(a[0].flatten(2) for a in appended)], 2)[:, :, None, None]
+            video_mask = torch.cat([video_mask.flatten(2), *(a[1].flatten(2) for a in appended)], 2)[:, :, None, None]
         video_coords = torch.cat([video_coords, *(a[2] for a in appended)], dim=2)
         keyframes = torch.cat([keyframes, keyframes.new_zeros(b, video_coords.shape[2] - keyframes.shape[1], 1)],
                               dim=1)  # given guide content is never keyframe-marked (ltx-core mask_utils)
     stage_grid = Grid(video_coords, audio_position_bounds(b, t, device, grid.audio_offset), keyframes)
     return GuidedStage(video_clean, video_mask, audio_clean, audio_mask, stage_grid, f,
                        bool((video_mask == 0).all()), bool((audio_mask == 0).all()),
-                       (grid.video_offset, grid.audio_offset))
+                       (grid.video_offset, grid.audio_offset), (h, w))
+
+
+def _reference(reference: ReferenceGuide, grid: StageGrid, where: str, label: str,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(latent, mask, positions) of an IC-LoRA reference video appended to this stage's tokens."""
+    spatial, temporal = reference.spatial, reference.temporal
+    for what, value in (("spatial", spatial), ("temporal", temporal)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise LTX25Error(where, f"{label}'s {what} scale", value, "a whole number ≥ 1 (the IC-LoRA's)")
+    if grid.height % spatial or grid.width % spatial:
+        raise LTX25Error(where, f"{label}: this stage's latent grid (H', W')", (grid.height, grid.width),
+                         f"multiples of {spatial}, the IC-LoRA's reference scale",
+                         f"The reference is encoded at 1/{spatial} of the stage's size, on the same 32-px grid: "
+                         f"make the clip's width and height multiples of {64 * spatial} (stage 1 runs at half).")
+    if grid.video_offset:
+        raise LTX25Error(where, label, f"on a window from latent frame {grid.video_offset}", "a clip's start",
+                         "A reference video conditions a clip from its first frame; extend the clip without it.")
+    b, h, w = grid.batch, grid.height // spatial, grid.width // spatial
+    latent = _latent(reference.latent, grid, where, label, 5, VIDEO_CHANNELS, (h, w), "H', W'", b, device)
+    strength = _strength(reference.strength, where, label)
+    count = latent.shape[2]
+    coords = reference_position_bounds(b, count, h, w, grid.fps, spatial, temporal, device)
+    return latent, torch.full((b, 1, count, h, w), 1.0 - strength, device=device), coords
 
 
 def _latent(source: GuideLatent, grid: StageGrid, where: str, label: str, ndim: int, channels: int,
@@ -342,7 +429,7 @@ def _latent(source: GuideLatent, grid: StageGrid, where: str, label: str, ndim: 
         layout = "[B, 128, f, H', W'] (a video latent)" if ndim == 5 else "[B, 8, t, 16] (an audio latent)"
         raise LTX25Error(where, f"{label}'s latent", shape, layout, "Guides take normalized LTX-2.5 latents.")
     if tuple(latent.shape[3:]) != tail:
-        stage = f"{grid.pixel_width}×{grid.pixel_height} px" if ndim == 5 else "16 mel bins"
+        stage = f"{tail[1] * SPATIAL_COMPRESSION}×{tail[0] * SPATIAL_COMPRESSION} px" if ndim == 5 else "16 mel bins"
         raise LTX25Error(where, f"{label}'s latent {tail_name}", tuple(latent.shape[3:]),
                          f"{tail} (this stage's grid, {stage})",
                          "A guide must match the stage's size and aspect: the reference encodes each guide again at "

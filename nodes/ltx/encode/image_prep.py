@@ -14,7 +14,7 @@ import torch
 
 from ..errors import LTX25Error
 from ..files.assets import model_version_tuple
-from ..geometry import SPATIAL_COMPRESSION
+from ..geometry import SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION
 
 # The CRF the model was trained against is a property of its generation, read from the checkpoint's model_version:
 # 33 up to LTX-2.3, 18 from 2.4 on — so 18 for every 2.5 file. An unversioned file gets 33, as in the reference.
@@ -54,3 +54,29 @@ def resize_crop(frames: torch.Tensor, width: int, height: int, where: str = "res
         top, left = (new_h - height) // 2, (new_w - width) // 2
         x = x[:, top:top + height, left:left + width]
     return x.reshape(*lead, height, width, 3).contiguous()
+
+
+# ---------------------------------------------------------------------------------------------------- IC-LoRA videos
+# An IC-LoRA reference video (docs/MODEL.md §16.7) is resized like an image to 1/spatial of the stage's size and,
+# for an IC-LoRA trained on sparser frames, thinned in time; it is never pre-compressed.
+
+def reference_frame_indices(count: int, clip_frames: int, temporal: int = 1) -> list[int]:
+    """The frames of a `count`-frame reference video a clip of `clip_frames` uses: the first `clip_frames` at most
+    (the reference caps the decode at the clip's length), then frame 0 and every `temporal`-th from frame 1 (so each
+    later group of `temporal` frames is represented by its first, as the causal encoder groups frames)."""
+    used = min(count, clip_frames)
+    return [0, *range(1, used, temporal)] if used > 0 else []
+
+
+def reference_clip_frames(count: int, temporal: int = 1) -> int:
+    """The longest 8k+1 clip a `count`-frame reference covers whole: `8·temporal·k + 1` frames, whose thinned
+    reference is 8k+1 frames (what the encoder takes); 1 for a reference too short for one latent step."""
+    step = TEMPORAL_COMPRESSION * temporal
+    return max(count - 1, 0) // step * step + 1
+
+
+def crop_fraction(source_hw: tuple[int, int], target_hw: tuple[int, int]) -> float:
+    """The share of the source's width or height that `resize_crop` cuts off to fit the target's aspect (0: same
+    aspect)."""
+    source, target = source_hw[1] / source_hw[0], target_hw[1] / target_hw[0]
+    return 1.0 - min(source / target, target / source)

@@ -39,6 +39,11 @@ DEV_FILES: Mapping[str, tuple[str, str]] = {
     "distilled_lora": ("loras", "ltx-2.5-22b-distilled-lora-450-bf16.safetensors"),
 }
 DEV_SEED_OFFSET = 1  # the tiny dev transformer's weights differ from the tiny distilled one's
+# The IC-LoRA template's file (a user's own IC-LoRA in practice: no official 2.5 control IC-LoRA is named here). The
+# tiny one thins its reference in time (every 2nd frame) and keeps its size, so the template also runs at the small
+# clip the browser tests use (192×128: a half-size reference would not fit stage 1's 3×2 latent grid).
+IC_LORA_FILE = ("loras", "ltx-2.5-ic-lora.safetensors")
+TEMPLATE_IC_LORA_METADATA = {"reference_temporal_scale_factor": "2"}
 
 
 def _tiny_module() -> LTX25Transformer:
@@ -120,11 +125,15 @@ def dev_paths(out_dir: str) -> dict[str, str]:
 
 
 def write_tiny_dev_files(out_dir: str, seed: int = 0) -> dict[str, str]:
-    """The tiny dev transformer (the tiny transformer's config and metadata, other weights: the released dev and
-    distilled files are told apart by name only) and the tiny distilled LoRA (peft spelling) into `out_dir`."""
-    paths = dev_paths(out_dir)
+    """The templates' files beyond the six official ones, into `out_dir`: the tiny dev transformer (the tiny
+    transformer's config and metadata, other weights: the released dev and distilled files are told apart by name
+    only), the tiny distilled LoRA (peft spelling) and the IC-LoRA template's tiny IC-LoRA (key "ic_lora")."""
+    paths = {**dev_paths(out_dir), "ic_lora": os.path.join(out_dir, *IC_LORA_FILE)}
     if not os.path.exists(paths["dev_transformer"]):
         write_tiny_transformer(paths["dev_transformer"], seed + DEV_SEED_OFFSET)
     if not os.path.exists(paths["distilled_lora"]):
         write_tiny_lora(paths["distilled_lora"], "peft", seed)
+    if not os.path.exists(paths["ic_lora"]):
+        os.makedirs(os.path.dirname(paths["ic_lora"]), exist_ok=True)
+        write_tiny_ic_lora(paths["ic_lora"], "v2v", seed, metadata=TEMPLATE_IC_LORA_METADATA)
     return paths
