@@ -58,6 +58,7 @@ CONDITIONING_TEMPLATES = (
     "ltx25_extend",
     "ltx25_flf2v_distilled",
     "ltx25_i2v_distilled",
+    "ltx25_ic_lora",
 )
 RUN_TEMPLATES = tuple(name for name in EXPECTED_TEMPLATES if "_t2v_" in name) + CONDITIONING_TEMPLATES
 

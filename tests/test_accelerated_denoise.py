@@ -183,3 +183,10 @@ def test_sampler_node_takes_acceleration_last_with_auto_default(transformer_path
     assert torch.equal(v1["samples"], v2["samples"]) and torch.equal(a1["samples"], a2["samples"])
     with pytest.raises(LTX25Error, match="CUDA"):
         run("cuda_graph")
+
+
+def test_the_node_text_names_a_clip_by_pixels_and_a_token_row_by_its_tokens():
+    from nodes.ltx.dit.accelerated_denoise import describe_shape
+    assert describe_shape((1, 128, 16, 16, 24)) == "768×512×121"
+    assert describe_shape((2, 128, 16, 16, 24)) == "768×512×121, 2 clips"
+    assert describe_shape((1, 128, 1, 1, 448)) == "448 latent tokens"  # a stage holding an IC-LoRA reference

@@ -3,9 +3,9 @@ CUDA graph per latent shape and/or its transformer blocks compiled (diffusers' r
 
 The modes (`bench/bench_transformer.py` runs these same denoisers; their speeds are in docs/PERFORMANCE.md):
 - eager: kernel by kernel; at the half-size stage 1 the step is bound by kernel launches, not by the math;
-- cuda_graph: the forward replayed from a graph. It was bit-identical to eager when first measured; at the real
-  shapes on the H200 it now differs by up to 0.096 in x0 (bench/bench_guides.py, t2v too), most likely a different
-  kernel choice under capture (attention backend or cuBLAS algorithm) — not yet explained;
+- cuda_graph: the forward replayed from a graph; equal to eager up to rounding: with torch 2.11 + CUDA 13 cuBLAS
+  picks another algorithm under capture (the first Linear's output already differs by one bf16 step on identical
+  inputs: bench/diag_graph_vs_eager.py), which 48 blocks amplify to about 1.5 % of x0's range;
 - compile_cuda_graph: the repeated blocks compiled, cuDNN attention, then graphed; the fastest, after a compilation
   on first use; x0 moves by bf16 rounding (about as much as diffusers' forward differs from ours).
 
@@ -160,9 +160,13 @@ def _compiled_before(model: torch.nn.Module) -> bool:
 
 def describe_shape(video_shape: tuple[int, ...]) -> str:
     """'768×512×121' (pixels wide × high × frames) for a video latent `[B, 128, F', H', W']`; ', 2 clips' added for
-    B > 1."""
+    B > 1; a stage holding an IC-LoRA reference lays its latent out as one row of tokens `[B, 128, 1, 1, N]`
+    (guides.py), which has no pixel size: 'N latent tokens'."""
+    batch = f", {video_shape[0]} clips" if video_shape[0] > 1 else ""
+    if tuple(video_shape[2:4]) == (1, 1):
+        return f"{video_shape[4]} latent tokens{batch}"
     frames, height, width = pixel_shape(tuple(video_shape[2:5]))
-    return f"{width}×{height}×{frames}" + (f", {video_shape[0]} clips" if video_shape[0] > 1 else "")
+    return f"{width}×{height}×{frames}{batch}"
 
 
 def _compile_message(video_shape: tuple[int, ...]) -> tuple[str, str]:
