@@ -1,7 +1,9 @@
 """What a conditioning template's finished run must show, read from its nodes' outputs: every sampler holds what its
 guides give (an Image Guide at frame 0: the first latent frame is the image encoded at that stage's size; an Audio
 Guide: the audio latents are the given audio's bit for bit; an extension window: its overlap is the source clip's
-last latent frames bit for bit, and the join is the source followed by the window's new frames).
+last latent frames bit for bit, and the join is the source followed by the window's new frames; an IC-LoRA's
+Reference Video Guide: the stage-1 reference it encoded is the encode of the frames it must keep — the first, then
+every `temporal`-th — fitted to 1/`spatial` of stage 1's size).
 
 Shared by tests/test_guide_workflows.py (the pack's headless runner) and tests/comfyui_inprocess_driver.py (ComfyUI's
 own executor, which imports the pack under a package name made from its folder): so this module imports no pack module
@@ -49,10 +51,10 @@ def guide_chain(prompt: dict, link: Any) -> Iterator[str]:
 
 
 def measure(prompt: dict, output: Outputs, pack: PackModules) -> dict[str, list[dict]]:
-    """Per kind ("image", "audio", "extend"), one entry per (sampler, guide) pair the graph conditions: which nodes,
+    """Per kind ("image", "audio", "extend", "reference"), one entry per (sampler, guide) pair the graph conditions: which nodes,
     and how far the sampler's output is from what the guide holds (`max_abs` and the held values' `scale`), or
     whether it is that bit for bit (`equal`)."""
-    found: dict[str, list[dict]] = {"image": [], "audio": [], "extend": []}
+    found: dict[str, list[dict]] = {"image": [], "audio": [], "extend": [], "reference": []}
     for sampler_id, sampler in sorted(prompt.items()):
         if sampler["class_type"] not in SAMPLERS:
             continue
@@ -89,4 +91,20 @@ def measure(prompt: dict, output: Outputs, pack: PackModules) -> dict[str, list[
                                      window_joined=bool(torch.equal(joined[:, :, source.shape[2]:],
                                                                     window[:, :, overlap:])))
                 found["extend"].append(entry)
+            elif guide["class_type"] == "LTX25ReferenceVideoGuide":
+                provider = output(guide_id)[0].reference[0].latent
+                video = output(sampler_id)[0]["samples"]
+                prep, tiling = pack("ltx.encode.image_prep"), pack("ltx.decode.tiling")
+                frames = _linked(prompt, output, inputs["images"])
+                picked = prep.reference_frame_indices(frames.shape[0], pack("ltx.geometry").pixel_frames(
+                    video.shape[2]), provider.temporal)
+                width, height = video.shape[4] * 32 // provider.spatial, video.shape[3] * 32 // provider.spatial
+                want = pack("ltx.encode.video_encoder").encode_video(
+                    _linked(prompt, output, inputs["video_encoder"]).module,
+                    prep.resize_crop(frames[picked].float(), width, height)[None], tiling.TilingRequest("off"))
+                held = provider.cache.get((width, height, len(picked)))
+                entry.update(encoded=[list(k) for k in provider.cache], picked=len(picked),
+                             max_abs=float("inf") if held is None else float((held - want).abs().max()),
+                             scale=float(want.abs().max()))
+                found["reference"].append(entry)
     return found

@@ -23,7 +23,7 @@ ALWAYS_COMPUTING = ("LTX25TransformerLoader", "LTX25VideoVAELoader", "LTX25Audio
 # guide) as it has: both stages hold the first frame (i2v, first–last frame: the last frame is appended and cropped)
 # or the audio (a2v); the extension window holds its overlap.
 HELD = {"ltx25_i2v_distilled": {"image": 2}, "ltx25_flf2v_distilled": {"image": 2},
-        "ltx25_a2v_distilled": {"audio": 2}, "ltx25_extend": {"extend": 1}}
+        "ltx25_a2v_distilled": {"audio": 2}, "ltx25_extend": {"extend": 1}, "ltx25_ic_lora": {"reference": 1}}
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +137,6 @@ def test_conditioning_templates_hold_their_guides_inside_comfyui(report, name):
     for entry in held["extend"]:
         assert entry["overlap_equal"] and entry["source_kept"] and entry["window_joined"], entry
         assert entry["joined_frames"] == entry["source_frames"] + entry["window_frames"] - entry["overlap"] == 5, entry
+    for entry in held["reference"]:  # the tiny IC-LoRA: every 2nd frame at stage 1's full 96×64
+        assert entry["encoded"] == [[96, 64, 9]] and entry["picked"] == 9, entry
+        assert entry["max_abs"] <= 1e-5 * max(1.0, entry["scale"]), entry

@@ -42,8 +42,8 @@ def tiny_set(server, tiny_models) -> str:
     """The session's tiny set, linked file by file into the running server's models folders (ComfyUI re-reads
     a folder when its mtime changes)."""
     from nodes.tools.tiny import tiny_paths
-    from nodes.tools.tiny.lora import dev_paths
-    for source in [*tiny_paths(tiny_models).values(), *dev_paths(tiny_models).values()]:
+    from nodes.tools.tiny.lora import write_tiny_dev_files
+    for source in [*tiny_paths(tiny_models).values(), *write_tiny_dev_files(tiny_models).values()]:
         target = os.path.join(server.models_dir, os.path.relpath(source, tiny_models))
         if not os.path.lexists(target):
             os.symlink(source, target)

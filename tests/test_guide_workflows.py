@@ -135,6 +135,8 @@ def test_ic_lora_template_conditions_stage_1_on_the_thinned_reference(inputs):
     held = provider.cache[(96, 64, 9)]
     assert torch.allclose(held, want, atol=1e-5), (held - want).abs().max()
     assert result["outputs"]["40"][0].loras == (workflow_specs.IC_LORA_FILE[1],)
+    (measured,) = _measured(prompt, result)["reference"]  # the check the ComfyUI tier makes inside ComfyUI
+    assert measured["encoded"] == [[96, 64, 9]] and measured["max_abs"] <= 1e-5 * max(1.0, measured["scale"])
 
 
 def test_ic_lora_template_runs_a_half_size_reference(inputs, tiny_models):
