@@ -4,6 +4,8 @@ all from one invocation, real shapes with random weights.
 
     python bench/bench_cold_start.py --out $OUT/bench_cold_start.json   # CUDA (about 5 minutes on an H200)
     python bench/bench_cold_start.py --smoke --out /tmp/cold_start.json  # CPU, tiny configs (checks the script)
+    python bench/bench_cold_start.py --scenarios cold,restart,in_graph_cold,in_graph_restart --parts dit \
+        --out $OUT/bench_cold_start_dit.json   # the DiT only, where cuDNN is chosen: now against before (~4 min)
 
 Scenarios, each a child process of this script (`--child NAME`), in this order:
 - `cold`: an empty cache folder (`LTX25_CACHE_DIR` set to a new folder, the variables of torch's and Triton's own
@@ -11,17 +13,19 @@ Scenarios, each a child process of this script (`--child NAME`), in this order:
   (first run, then warm);
 - `restart`: the same folder in a new process, the same runs: the first run with the caches on disk;
 - `audio_benchmark`: the audio decode with cuDNN's benchmarking left on inside the vocoder (the decode before #24);
-- `static_cold`, `static_restart`: the DiT only, with the compile options before #24 (Dynamo's default: the first
-  shape compiles static, the second compiles again with dynamic sizes), in a second folder of their own.
+- `in_graph_cold`, `in_graph_restart`: the DiT only, with cuDNN attention chosen as before: diffusers' `_native_cudnn`
+  backend, whose per-call `sdpa_kernel` lands in Dynamo's graph and makes AOTAutograd bypass its cache (the pack now
+  limits SDPA to cuDNN around the call instead, accelerated_denoise.Mode), in a second folder of their own.
 Parts: `dit` (the 8 + 3 step distilled sampling with `compile_cuda_graph`, one denoiser per stage as the sampler
 node makes them: stage 1 at 384×256×121, stage 2 at 768×512×121; the new shape is 1024×576×97, stage 1 at half
 size), `diffusion` (the untiled diffusion decode, auto processor: the Triton kernels), `conv` (the conv decode),
 `audio` (decoder + vocoder). Each child first runs a tiny matmul and convolution so that loading the CUDA libraries is
 charged to no part. cudnn.benchmark is on in every child, as in bench_ab_graph.py, where the issue's cold figures come
-from. Per run: seconds (CUDA-synchronized) per stage, and Dynamo's and Inductor's counters (graphs compiled, FX-graph
-and AOTAutograd cache hits and misses), so a recompile shows; the lines the sampler would show on its node, with
-their times. The JSON (`--out`, rewritten after every child) holds each child's record and a summary against the
-goals of #24.
+from. Per run: seconds (CUDA-synchronized) per stage, Dynamo's and Inductor's counters (graphs compiled, FX-graph and
+AOTAutograd cache hits, misses and bypasses), so a recompile shows, and the seconds of each compile step (`compile_s`:
+Dynamo's trace, AOTAutograd, Inductor, autotuning); after the runs, the accelerated x0 against the eager one (stage 1,
+main shape); the lines the sampler would show on its node, with their times. The JSON (`--out`, rewritten after every
+child) holds each child's record and a summary against the goals of #24.
 """
 from __future__ import annotations
 
@@ -43,11 +47,11 @@ ROOT = os.path.dirname(HERE)
 GIB = 2**30
 FPS = 24.0
 SCENARIOS = {  # name: (compile variant, parts), run in this order; the variant names the cache folder too
-    "cold": ("dynamic", "dit,diffusion,conv,audio"),
-    "restart": ("dynamic", "dit,diffusion,conv,audio"),
-    "audio_benchmark": ("dynamic", "audio"),
-    "static_cold": ("static", "dit"),
-    "static_restart": ("static", "dit"),
+    "cold": ("default", "dit,diffusion,conv,audio"),
+    "restart": ("default", "dit,diffusion,conv,audio"),
+    "audio_benchmark": ("default", "audio"),
+    "in_graph_cold": ("in_graph", "dit"),
+    "in_graph_restart": ("in_graph", "dit"),
 }
 # (stage 1 video, stage 2 video, audio) latent shapes; "new" is never seen before it runs
 DIT_SHAPES = {"main": ((1, 128, 16, 8, 12), (1, 128, 16, 16, 24), (1, 8, 126, 16)),   # 768×512×121
@@ -76,6 +80,14 @@ def _counters() -> dict:
             if counters[group][key]}
 
 
+def _compile_seconds() -> dict:
+    """Seconds per step of torch.compile so far in the process (Dynamo's private `compilation_time_metrics`, the
+    numbers `torch._dynamo.utils.compile_times()` prints): Dynamo's trace (`bytecode_tracing`), AOTAutograd
+    (`create_aot_dispatcher_function`), Inductor's codegen or cache load, Triton autotuning at first launch."""
+    from torch._dynamo import utils
+    return {k: sum(v) for k, v in getattr(utils, "compilation_time_metrics", {}).items()}
+
+
 def _delta(before: dict, after: dict) -> dict:
     return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
 
@@ -84,13 +96,14 @@ def _timed_runs(run_one, device) -> list[dict]:
     """`run_one(shape key) → {extra fields}` for every (label, shape) of RUNS, each timed and with its counters."""
     rows = []
     for label, key in RUNS:
-        before = _counters()
+        before, seconds = _counters(), _compile_seconds()
         _sync(device)
         start = time.perf_counter()
         extra = run_one(key) or {}
         _sync(device)
+        compile_s = {k: round(v, 2) for k, v in _delta(seconds, _compile_seconds()).items() if v >= 0.05}
         rows.append({"label": label, "shape": key, "s": round(time.perf_counter() - start, 3), **extra,
-                     "counters": _delta(before, _counters())})
+                     "counters": _delta(before, _counters()), **({"compile_s": compile_s} if compile_s else {})})
         print(f"[cold-start] {label:<9} {key:<4} {rows[-1]['s']:8.3f} s  {extra}", file=sys.stderr, flush=True)
     return rows
 
@@ -138,14 +151,24 @@ def dit_part(device, dtype, smoke: bool, t0: float) -> dict:
             seconds[f"{stage}_s"] = round(time.perf_counter() - start, 3)
         return seconds
 
+    def x0_against_eager() -> float:
+        """Max |Δx0| of the accelerated denoiser (warm by now) against the eager one, stage 1 of the main shape."""
+        video = torch.randn(shapes["main"][0], generator=g, device=device)
+        audio = torch.randn(shapes["main"][2], generator=g, device=device)
+        got = make_denoiser(model, cond, FPS, mode, notify=note)(video, audio, bt.STAGE1_SIGMAS[0])
+        want = make_denoiser(model, cond, FPS, "eager")(video, audio, bt.STAGE1_SIGMAS[0])
+        return round(max((a - b).abs().max().item() for a, b in zip(got, want)), 4)
+
     try:
         runs = _timed_runs(sample, device)
+        x0_max_abs = x0_against_eager()
     finally:
         del model
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return {"build_s": round(build_s, 2), "mode": mode, "runs": runs, "node_text": notes}
+    return {"build_s": round(build_s, 2), "mode": mode, "runs": runs, "node_text": notes,
+            "x0_vs_eager_max_abs": x0_max_abs}
 
 
 def diffusion_part(device, dtype, smoke: bool) -> dict:
@@ -234,8 +257,11 @@ def child(args) -> int:
 
     device = torch.device("cpu" if args.smoke else "cuda")
     dtype = torch.float32 if args.smoke else torch.bfloat16
-    if args.variant == "static":
-        A.COMPILE_OPTIONS = {"fullgraph": False}  # before #24
+    in_graph = contextlib.nullcontext()
+    if args.variant == "in_graph" and not args.smoke:  # cuDNN chosen inside each attention call, as before
+        from diffusers.models.attention_dispatch import attention_backend
+        A.MODES["compile_cuda_graph"] = A.Mode(graph=True, compile=True, attention=None)
+        in_graph = attention_backend("_native_cudnn")
     if args.smoke:  # Dynamo only: the CPU check of the script, not of Inductor
         A.COMPILE_OPTIONS = {**A.COMPILE_OPTIONS, "backend": "eager"}
     result: dict = {"scenario": args.child, "variant": args.variant, "compile_options": dict(A.COMPILE_OPTIONS),
@@ -252,7 +278,8 @@ def child(args) -> int:
         print(f"[cold-start] {args.child}: {part}", file=sys.stderr, flush=True)
         try:
             if part == "dit":
-                result[part] = dit_part(device, dtype, args.smoke, t0)
+                with in_graph:
+                    result[part] = dit_part(device, dtype, args.smoke, t0)
             elif part == "diffusion":
                 result[part] = diffusion_part(device, dtype, args.smoke)
             elif part == "conv":
@@ -297,6 +324,11 @@ def _part_summary(part: dict) -> dict:
         if f"{stage}_s" in by["first"][0]:
             out[f"{stage}_first_s"] = by["first"][0][f"{stage}_s"]
             out[f"{stage}_warm_s_per_step"] = round(statistics.median(r[f"{stage}_s"] for r in by["warm"]) / steps, 4)
+    steps = ("_compile.compile_inner", "bytecode_tracing", "create_aot_dispatcher_function", "compile_fx_inner",
+             "async_compile.wait", "CachingAutotuner.benchmark_all_configs")
+    first_compile = by["first"][0].get("compile_s", {})
+    if first_compile:
+        out["first_compile_s"] = {k: first_compile[k] for k in steps if k in first_compile}
     out["recompiled_on_warm_runs"] = any(r["counters"].get("stats.unique_graphs") for r in by["warm"] + by["new_warm"])
     out["graphs_compiled_at_new_shape"] = sum(r["counters"].get("stats.unique_graphs", 0) for r in by["new_first"])
     return out
@@ -315,6 +347,9 @@ def summarize(children: dict) -> dict:
     goals["restart_extra_s (<= 10; caches on disk, first - warm)"] = total("restart", "first_extra_s")
     goals["new_shape_extra_s (<= 3; warm process)"] = total("cold", "new_shape_extra_s")
     goals["new_shape_extra_s after restart"] = total("restart", "new_shape_extra_s")
+    goals["dit restart_extra_s, cuDNN chosen in the graph (before)"] = total("in_graph_restart", "first_extra_s")
+    goals["dit restart_extra_s, cuDNN chosen around the call (now)"] = (
+        summary.get("restart", {}).get("dit", {}).get("first_extra_s"))
     return {"per_scenario": summary, "goals": goals}
 
 
@@ -387,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=450.0, help="skip the scenarios left after this")
     parser.add_argument("--child-timeout-s", type=float, default=240.0)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--variant", default="dynamic", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", default="default", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     return child(args) if args.child else parent(args)

@@ -170,6 +170,38 @@ def test_show_on_node_sends_comfyuis_progress_text_to_the_running_node(monkeypat
     assert sent == [("LTX-2.5 sampler: compiling …", "10")]
 
 
+# ---------------------------------------------------------------------------------------------------- restart
+def test_attention_kernel_is_limited_around_the_compiled_blocks_not_inside_them(transformer_path, monkeypatch):
+    """compile_cuda_graph limits SDPA to cuDNN around each call, outside the compiled blocks, so Dynamo's graph of
+    a block holds no call into `torch.nn.attention`. diffusers' `_native_cudnn` backend sets the same limit inside
+    every attention call instead; Dynamo records those private calls in the graph, and AOTAutograd then skips its
+    on-disk cache at every start (bench_cold_start.py's `in_graph_*` scenarios). Run with the MATH kernel (cuDNN
+    needs a GPU) and a counting backend standing in for Inductor. Fails if the limit moves back inside the blocks
+    or is not in force while the blocks are traced (the kernel is chosen then)."""
+    from nodes.ltx.dit.transformer import load_transformer
+    assert A.MODES["compile_cuda_graph"] == A.Mode(graph=True, compile=True, attention="CUDNN_ATTENTION")
+    monkeypatch.setitem(A.MODES, "compile", A.Mode(graph=False, compile=True, attention="MATH"))
+    transformer = load_transformer(transformer_path, torch.float32)
+    graphs, flash_on = [], []
+
+    def counting_backend(graph_module, _example_inputs):
+        graphs.append(graph_module)
+        flash_on.append(torch.backends.cuda.flash_sdp_enabled())
+        return graph_module.forward
+    original = transformer.dit.compile_repeated_blocks
+    monkeypatch.setattr(transformer.dit, "compile_repeated_blocks",
+                        lambda **options: original(**options, backend=counting_backend))
+    try:
+        A.make_denoiser(transformer, conditioning(), 24.0, "compile")(torch.randn(VIDEO), torch.randn(AUDIO), 0.725)
+    finally:
+        torch._dynamo.reset()
+    calls = [node.target for g in graphs for node in g.graph.nodes if node.op == "call_function"]
+    assert graphs and any("scaled_dot_product_attention" in str(target) for target in calls), "no attention traced"
+    inside = [str(t) for t in calls if getattr(t, "__module__", None) == "torch.nn.attention"]
+    assert not inside, f"the SDPA limit is set inside the compiled blocks: {inside}"
+    assert flash_on == [False] * len(graphs), "the blocks were traced without the SDPA limit in force"
+
+
 # ---------------------------------------------------------------------------------------------------- audio
 def test_audio_decode_runs_with_cudnn_benchmarking_off_and_restores_it(tiny_file, monkeypatch):
     """Inside the audio decode cuDNN goes by its heuristics even when benchmarking is on outside (each of the

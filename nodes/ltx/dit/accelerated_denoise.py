@@ -14,8 +14,13 @@ shapes: the first shape (stage 1) compiles static; the second (stage 2) compiles
 — the token counts — symbolic; every later resolution or frame count reuses that code and only captures a CUDA
 graph. `dynamic=True` (everything symbolic from the start, one compilation) was measured on the H200 and rejected:
 stage 1 0.114 and stage 2 0.417 s/step against 0.095 / 0.350 static, and its first compilation took 52 s against
-17 + 12 s (docs/PERFORMANCE.md, cold start). What Inductor and Triton compile is kept on disk (compile_cache.py), so
-a new process re-traces the blocks but takes their generated code and kernels from there. The denoiser says on the
+17 + 12 s (docs/PERFORMANCE.md, cold start). What AOTAutograd, Inductor and Triton make is kept on disk
+(compile_cache.py), so a new process re-traces the blocks with Dynamo but takes the rest from there. That is why
+compile_cuda_graph limits SDPA to cuDNN around each call (`Mode.attention`) rather than with diffusers' `_native_cudnn`
+backend: that one enters the limit inside every attention call, Dynamo records the private torch calls doing it in
+the block's graph, and AOTAutograd bypasses its cache for such a graph, re-running at every start. The kernel is
+picked when the blocks are traced, and the cache entries do not record the limit: the pack's blocks compile under it
+whenever they compile on CUDA (the sampler offers no other compiled mode). The denoiser says on the
 node (`notify`) when a call is about to compile or capture, since those calls take seconds instead of a fraction of
 one.
 
@@ -56,14 +61,17 @@ Notify = Callable[[str], None]  # a line for the user (the node's progress text 
 class Mode:
     graph: bool             # replay the DiT forward from a CUDA graph (CUDA only)
     compile: bool           # torch.compile each transformer block (once per model)
-    attention: str | None   # diffusers attention backend, entered around each call (nothing is left set on the model)
+    # The SDPA kernel attention is limited to (a `torch.nn.attention.SDPBackend` name), entered around each call,
+    # outside the compiled blocks: diffusers' own cuDNN backend enters the same limit inside each attention call,
+    # which puts private torch calls in Dynamo's graph and makes AOTAutograd skip its on-disk cache at every start.
+    attention: str | None
 
 
 MODES = {
     "eager": Mode(graph=False, compile=False, attention=None),
     "compile": Mode(graph=False, compile=True, attention=None),
     "cuda_graph": Mode(graph=True, compile=False, attention=None),
-    "compile_cuda_graph": Mode(graph=True, compile=True, attention="_native_cudnn"),  # the fastest setting
+    "compile_cuda_graph": Mode(graph=True, compile=True, attention="CUDNN_ATTENTION"),  # the fastest setting
 }
 ACCELERATIONS = ("auto", "eager", "cuda_graph", "compile_cuda_graph")  # the sampler node's choices
 WARMUP_CALLS = 2   # before a capture: allocator, cuBLAS handles, lazy inits and (compile) the compilation itself
@@ -122,10 +130,11 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
 
     if spec.attention is None:
         return denoise
-    from diffusers.models.attention_dispatch import attention_backend
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    kernel = getattr(SDPBackend, spec.attention)
 
     def with_backend(video: torch.Tensor, audio: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
-        with attention_backend(spec.attention):
+        with sdpa_kernel(kernel):
             return denoise(video, audio, sigma)
     return with_backend
 
