@@ -51,9 +51,9 @@ def guide_chain(prompt: dict, link: Any) -> Iterator[str]:
 
 
 def measure(prompt: dict, output: Outputs, pack: PackModules) -> dict[str, list[dict]]:
-    """Per kind ("image", "audio", "extend", "reference"), one entry per (sampler, guide) pair the graph conditions: which nodes,
-    and how far the sampler's output is from what the guide holds (`max_abs` and the held values' `scale`), or
-    whether it is that bit for bit (`equal`)."""
+    """Per kind ("image", "audio", "extend", "reference"), one entry per (sampler, guide) pair the graph conditions:
+    which nodes, and how far the sampler's output (or the reference the guide encoded) is from what the guide holds
+    (`max_abs` and the held values' `scale`), or whether it is that bit for bit (`equal`)."""
     found: dict[str, list[dict]] = {"image": [], "audio": [], "extend": [], "reference": []}
     for sampler_id, sampler in sorted(prompt.items()):
         if sampler["class_type"] not in SAMPLERS:

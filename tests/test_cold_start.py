@@ -182,11 +182,11 @@ def test_attention_kernel_is_limited_around_the_compiled_blocks_not_inside_them(
     assert A.MODES["compile_cuda_graph"] == A.Mode(graph=True, compile=True, attention="CUDNN_ATTENTION")
     monkeypatch.setitem(A.MODES, "compile", A.Mode(graph=False, compile=True, attention="MATH"))
     transformer = load_transformer(transformer_path, torch.float32)
-    graphs, flash_on = [], []
+    graphs, first_kernel = [], []
 
     def counting_backend(graph_module, _example_inputs):
         graphs.append(graph_module)
-        flash_on.append(torch.backends.cuda.flash_sdp_enabled())
+        first_kernel.append(torch._C._get_sdp_priority_order()[0])
         return graph_module.forward
     original = transformer.dit.compile_repeated_blocks
     monkeypatch.setattr(transformer.dit, "compile_repeated_blocks",
@@ -199,7 +199,8 @@ def test_attention_kernel_is_limited_around_the_compiled_blocks_not_inside_them(
     assert graphs and any("scaled_dot_product_attention" in str(target) for target in calls), "no attention traced"
     inside = [str(t) for t in calls if getattr(t, "__module__", None) == "torch.nn.attention"]
     assert not inside, f"the SDPA limit is set inside the compiled blocks: {inside}"
-    assert flash_on == [False] * len(graphs), "the blocks were traced without the SDPA limit in force"
+    math = int(torch.nn.attention.SDPBackend.MATH)
+    assert first_kernel == [math] * len(graphs), "the blocks were traced without the mode's kernel first"
 
 
 # ---------------------------------------------------------------------------------------------------- audio

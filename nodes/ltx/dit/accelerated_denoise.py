@@ -16,13 +16,13 @@ graph. `dynamic=True` (everything symbolic from the start, one compilation) was 
 stage 1 0.114 and stage 2 0.417 s/step against 0.095 / 0.350 static, and its first compilation took 52 s against
 17 + 12 s (docs/PERFORMANCE.md, cold start). What AOTAutograd, Inductor and Triton make is kept on disk
 (compile_cache.py), so a new process re-traces the blocks with Dynamo but takes the rest from there. That is why
-compile_cuda_graph limits SDPA to cuDNN around each call (`Mode.attention`) rather than with diffusers' `_native_cudnn`
-backend: that one enters the limit inside every attention call, Dynamo records the private torch calls doing it in
-the block's graph, and AOTAutograd bypasses its cache for such a graph, re-running at every start. The kernel is
-picked when the blocks are traced, and the cache entries do not record the limit: the pack's blocks compile under it
-whenever they compile on CUDA (the sampler offers no other compiled mode). The denoiser says on the
-node (`notify`) when a call is about to compile or capture, since those calls take seconds instead of a fraction of
-one.
+compile_cuda_graph puts cuDNN first in SDPA's kernel order around each call (`Mode.attention`) rather than using
+diffusers' `_native_cudnn` backend: that one limits SDPA to cuDNN inside every attention call, Dynamo records the
+private torch calls doing it in the block's graph, and AOTAutograd bypasses its cache for such a graph, re-running
+at every start (measured on the CPU: a restart's compilations 22.6 s → 10.4 s; not yet on a GPU). The kernel is
+picked when the blocks are traced, and the cache entries do not record the order: the pack's blocks compile under
+it whenever they compile on CUDA (the sampler offers no other compiled mode). The denoiser says on the node
+(`notify`) when a call is about to compile or capture, since those calls take seconds instead of a fraction of one.
 
 Graphs: one per (latent shapes, fps, context shapes, timestep shapes, weights' dtype/device, mode), cached on the
 model object (so they go when it is garbage-collected). Inputs are copied into static buffers every call — latent
@@ -61,7 +61,7 @@ Notify = Callable[[str], None]  # a line for the user (the node's progress text 
 class Mode:
     graph: bool             # replay the DiT forward from a CUDA graph (CUDA only)
     compile: bool           # torch.compile each transformer block (once per model)
-    # The SDPA kernel attention is limited to (a `torch.nn.attention.SDPBackend` name), entered around each call,
+    # The SDPA kernel attention prefers (a `torch.nn.attention.SDPBackend` name), entered around each call,
     # outside the compiled blocks: diffusers' own cuDNN backend enters the same limit inside each attention call,
     # which puts private torch calls in Dynamo's graph and makes AOTAutograd skip its on-disk cache at every start.
     attention: str | None
@@ -73,6 +73,7 @@ MODES = {
     "cuda_graph": Mode(graph=True, compile=False, attention=None),
     "compile_cuda_graph": Mode(graph=True, compile=True, attention="CUDNN_ATTENTION"),  # the fastest setting
 }
+SDPA_FALLBACKS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")  # after a mode's own kernel, in this order
 ACCELERATIONS = ("auto", "eager", "cuda_graph", "compile_cuda_graph")  # the sampler node's choices
 WARMUP_CALLS = 2   # before a capture: allocator, cuBLAS handles, lazy inits and (compile) the compilation itself
 MAX_GRAPHS = 8     # per model; beyond it the cache starts over (a two-stage workflow uses two shapes)
@@ -131,10 +132,13 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
     if spec.attention is None:
         return denoise
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    kernel = getattr(SDPBackend, spec.attention)
+    # First choice, then the others: diffusers' cuDNN backend made q/k/v contiguous, the plain one passes them
+    # strided, and a layout cuDNN refused must fall back to another kernel, not fail with "no available kernel".
+    kernels = [getattr(SDPBackend, spec.attention)] + [getattr(SDPBackend, name) for name in SDPA_FALLBACKS
+                                                       if name != spec.attention]
 
     def with_backend(video: torch.Tensor, audio: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
-        with sdpa_kernel(kernel):
+        with sdpa_kernel(kernels, set_priority=True):
             return denoise(video, audio, sigma)
     return with_backend
 
