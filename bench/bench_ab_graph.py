@@ -390,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.size:
         width, height, frames = (int(v) for v in args.size.lower().split("x"))
     prompt["5"]["inputs"].update(width=width, height=height, frames=frames)
+    from nodes.ltx.latents import check_video_size
+    check_video_size(width, height, frames, two_stage=True, where="--size")  # before minutes of building weights
     for node_id in SAMPLERS:
         prompt[node_id]["inputs"]["acceleration"] = acceleration
     if args.conv_only:
