@@ -189,4 +189,5 @@ def test_the_node_text_names_a_clip_by_pixels_and_a_token_row_by_its_tokens():
     from nodes.ltx.dit.accelerated_denoise import describe_shape
     assert describe_shape((1, 128, 16, 16, 24)) == "768×512×121"
     assert describe_shape((2, 128, 16, 16, 24)) == "768×512×121, 2 clips"
-    assert describe_shape((1, 128, 1, 1, 448)) == "448 latent tokens"  # a stage holding an IC-LoRA reference
+    assert describe_shape((1, 128, 1, 1, 448), tokens=True) == "448 latent tokens"  # holding an IC-LoRA reference
+    assert describe_shape((1, 128, 1, 1, 24)) == "768×32×1"  # a real one-frame clip 32 px high stays a clip

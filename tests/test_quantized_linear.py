@@ -356,3 +356,19 @@ def test_nvfp4_one_pass_decode_equals_the_dequantizing_load_bit_for_bit(dtype):
     got = nvfp4_triton.dequantize(packed, block_scale, tensor_scale, dtype, force_kernel=True)
     bits = torch.int32 if dtype == torch.float32 else torch.int16
     assert got.dtype == dtype and torch.equal(got.view(bits), want.view(bits))
+
+
+def test_nvfp4_one_pass_decode_gives_way_to_the_torch_ops_where_it_cannot_run(monkeypatch, caplog):
+    """A Triton that cannot build the kernel (or a kernel that disagrees) must leave NVFP4 layers on the torch-op
+    decode with a warning, not fail every layer: the probe says so."""
+    from nodes.ltx.kernels import nvfp4_triton
+
+    def broken(*_args):
+        raise RuntimeError("PTX assembly failed")
+    monkeypatch.setattr(nvfp4_triton, "_launch", broken)
+    assert nvfp4_triton._probe(torch.device("cpu")) is False
+    assert "decode with torch ops" in caplog.text
+    monkeypatch.setattr(nvfp4_triton, "_launch", lambda p, b, t, d: quant.dequantize_nvfp4(p, b, t, d) + 1)
+    assert nvfp4_triton._probe(torch.device("cpu")) is False
+    monkeypatch.setattr(nvfp4_triton, "_launch", lambda p, b, t, d: quant.dequantize_nvfp4(p, b, t, d))
+    assert nvfp4_triton._probe(torch.device("cpu")) is True

@@ -66,6 +66,10 @@ def check_image(images: object, where: str):
         found = list(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
         raise LTX25Error(where, "the input", found, "an IMAGE: float frames [F, H, W, 3]",
                          "An RGBA image needs its alpha removed; connect a Load Image or a video's frames.")
+    if images.shape[0] < 1 or images.shape[1] < 1 or images.shape[2] < 1:
+        raise LTX25Error(where, "the input", f"an IMAGE of shape {list(images.shape)}", "at least one frame of "
+                         "at least 1×1 pixels", "The batch is empty: check what feeds it (e.g. a video loader "
+                         "that read no frames).")
     return images
 
 

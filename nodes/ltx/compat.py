@@ -83,7 +83,7 @@ def stage_4(decoder: torch.nn.Module, features: torch.Tensor, drop_leading_frame
     first `cells` frames decode to (a tile's content: the ghost cells a last tile carries are not kept): the blocks
     on all of `features` `[B, T, H, W, C]`, then the last upsample, which is pointwise, on the kept cells only, so
     neither its work nor the context it makes carries the ghosts. Pass `features` without keeping a reference:
-    they are released after the first block."""
+    with diffusers' blocks they are released after the first block (the lean blocks work in place on them)."""
     require(decoder, ("det_stages", "upsamples"), "the per-tile stage 4")
     x = features
     del features

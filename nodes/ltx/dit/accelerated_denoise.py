@@ -125,7 +125,7 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
             if not spec.compile or _compiled_before(model):
                 _set_compiled(model, spec.compile)
                 return eager_denoise(model, video, audio, sigma, cond, fps, **extra)
-            with _announced(notify, _compile_message(video.shape)):
+            with _announced(notify, _compile_message(video.shape, guided is not None and guided.flat)):
                 _set_compiled(model, True)
                 return eager_denoise(model, video, audio, sigma, cond, fps, **extra)
 
@@ -171,30 +171,30 @@ def _compiled_before(model: torch.nn.Module) -> bool:
     return vars(model).get("_ltx25_compiled") is not None
 
 
-def describe_shape(video_shape: tuple[int, ...]) -> str:
+def describe_shape(video_shape: tuple[int, ...], tokens: bool = False) -> str:
     """'768×512×121' (pixels wide × high × frames) for a video latent `[B, 128, F', H', W']`; ', 2 clips' added for
-    B > 1; a stage holding an IC-LoRA reference lays its latent out as one row of tokens `[B, 128, 1, 1, N]`
-    (guides.py), which has no pixel size: 'N latent tokens'."""
+    B > 1; with `tokens` (a stage holding an IC-LoRA reference lays its latent out as one row of tokens
+    `[B, 128, 1, 1, N]`, guides.py `GuidedStage.flat`), which has no pixel size: 'N latent tokens'."""
     batch = f", {video_shape[0]} clips" if video_shape[0] > 1 else ""
-    if tuple(video_shape[2:4]) == (1, 1):
+    if tokens:
         return f"{video_shape[4]} latent tokens{batch}"
     frames, height, width = pixel_shape(tuple(video_shape[2:5]))
     return f"{width}×{height}×{frames}{batch}"
 
 
-def _compile_message(video_shape: tuple[int, ...]) -> tuple[str, str]:
+def _compile_message(video_shape: tuple[int, ...], tokens: bool = False) -> tuple[str, str]:
     """(before, after) lines for the first compiled call of a model."""
     root = compile_cache.ensure_applied().root
     kept = f"kept in {root}" if root else "kept in torch's own cache folder"
-    size = describe_shape(video_shape)
+    size = describe_shape(video_shape, tokens)
     return (f"LTX-2.5 sampler: compiling the transformer blocks for {size} (first use in this process; later shapes "
             f"reuse it, and later starts read the compiled code {kept})…",
             f"LTX-2.5 sampler: transformer blocks compiled for {size}")
 
 
-def _capture_message(video_shape: tuple[int, ...]) -> tuple[str, str]:
+def _capture_message(video_shape: tuple[int, ...], tokens: bool = False) -> tuple[str, str]:
     """(before, after) lines for a compiled model's first call at a new shape."""
-    size = describe_shape(video_shape)
+    size = describe_shape(video_shape, tokens)
     return (f"LTX-2.5 sampler: capturing a CUDA graph of the compiled transformer for {size} (first use of this "
             "shape)…", f"LTX-2.5 sampler: CUDA graph captured for {size}")
 
@@ -312,7 +312,8 @@ def _graph_denoiser(model: torch.nn.Module, cond, fps: float, spec: Mode,
                     cache.graphs[key] = _capture(model, video, audio, cond, fps, cache, steps, grid)
                 else:
                     first = not _compiled_before(model)
-                    with _announced(notify, (_compile_message if first else _capture_message)(video.shape)):
+                    message = _compile_message if first else _capture_message
+                    with _announced(notify, message(video.shape, guided is not None and guided.flat)):
                         _set_compiled(model, True)
                         cache.graphs[key] = _capture(model, video, audio, cond, fps, cache, steps, grid)
             graph = cache.graphs[key]

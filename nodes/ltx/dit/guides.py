@@ -233,7 +233,9 @@ class GuidedStage:
 
     @property
     def appended(self) -> int:
-        """Latent frames of appended guides (K) of a stage in the clip's grid."""
+        """Latent frames of appended guides (K) of a stage in the clip's grid (a token-row stage has no frames)."""
+        if self.flat:
+            raise ValueError("a stage holding tokens of another grid counts appended tokens, not frames")
         return self.video_clean.shape[2] - self.frames
 
     @property

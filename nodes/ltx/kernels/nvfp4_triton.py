@@ -12,6 +12,8 @@ Triton's interpreter), `dequantize` is `dequantize_nvfp4` itself.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from .. import compile_cache
@@ -23,12 +25,39 @@ try:  # optional, as in na_triton.py
 except ImportError:
     triton = tl = None
 
+log = logging.getLogger("ltx25")
 BLOCK_BYTES = 1024  # packed bytes per program (2048 weights)
+_WORKS: dict[str, bool] = {}  # device → the kernel compiled there and decoded a probe as the torch ops do
 
 
 def available(device: torch.device) -> bool:
-    """Whether `dequantize` runs the kernel for weights on `device`."""
-    return triton is not None and device.type == "cuda"
+    """Whether `dequantize` runs the kernel for weights on `device`: Triton is there, the device is a CUDA GPU,
+    and (checked once per device, outside compilation) a probe decodes as `dequantize_nvfp4` does. A GPU where
+    Triton cannot build it keeps the torch-op decode instead of failing every NVFP4 layer."""
+    if triton is None or device.type != "cuda":
+        return False
+    if torch.compiler.is_compiling():  # Inductor compiles its own Triton kernels for this device: Triton works
+        return True
+    key = str(device)
+    if key not in _WORKS:
+        _WORKS[key] = _probe(device)
+    return _WORKS[key]
+
+
+def _probe(device: torch.device) -> bool:
+    packed = torch.arange(256, dtype=torch.uint8, device=device).reshape(16, 16)
+    block_scale = torch.full((128, 4), 1.5, device=device).to(torch.float8_e4m3fn)  # one swizzled 128×4 tile
+    tensor_scale = torch.tensor(0.5, device=device)
+    try:
+        got = _launch(packed, block_scale, tensor_scale, torch.bfloat16)
+        works = torch.equal(got, quant.dequantize_nvfp4(packed, block_scale, tensor_scale, torch.bfloat16))
+    except Exception as error:  # a Triton or driver that cannot build the kernel: the torch ops still work
+        log.warning("LTX-2.5: the NVFP4 Triton decode does not run on %s (%s); NVFP4 layers decode with torch "
+                    "ops there (slower)", device, error)
+        return False
+    if not works:
+        log.warning("LTX-2.5: the NVFP4 Triton decode disagrees with the torch ops on %s; using the torch ops", device)
+    return works
 
 
 def dequantize(packed: torch.Tensor, block_scale: torch.Tensor, tensor_scale: torch.Tensor,
@@ -37,8 +66,14 @@ def dequantize(packed: torch.Tensor, block_scale: torch.Tensor, tensor_scale: to
     runs; `force_kernel` runs it wherever Triton does (the CPU tests, in its interpreter)."""
     if not (force_kernel and triton is not None) and not available(packed.device):
         return quant.dequantize_nvfp4(packed, block_scale, tensor_scale, dtype)
+    return _launch(packed, block_scale, tensor_scale, dtype)
+
+
+def _launch(packed: torch.Tensor, block_scale: torch.Tensor, tensor_scale: torch.Tensor,
+            dtype: torch.dtype) -> torch.Tensor:
     rows, half = packed.shape
-    scales = quant.nvfp4_scales(block_scale, tensor_scale, rows, half * 2)
+    # contiguous: the kernel finds a weight's scale by its flat byte index / 8
+    scales = quant.nvfp4_scales(block_scale, tensor_scale, rows, half * 2).contiguous()
     out = torch.empty(rows, half * 2, dtype=dtype, device=packed.device)
     n_bytes = packed.numel()
     compile_cache.ensure_applied()
