@@ -2,9 +2,11 @@
 the tiny set, each template opened and run from headless chromium (as tests/test_web_browser.py does), its groups
 photographed after the run and scaled to 512 px wide.
 
-    COMFYUI_PATH=/path/to/ComfyUI COMFYUI_PYTHON=/path/to/its/python .venv/bin/python tests/render_thumbnails.py
+    COMFYUI_PATH=/path/to/ComfyUI COMFYUI_PYTHON=/path/to/its/python \
+        .venv/bin/python tests/render_thumbnails.py [TITLE …]
 
-Run it after `python -m nodes.tools.workflow_specs` changes a template's layout; it needs what the browser test
+Run it after `python -m nodes.tools.workflow_specs` changes a template's layout (name the changed templates' titles
+to leave the other thumbnails as they are); it needs what the browser test
 needs (docs/COMFYUI_TESTS.md). The files are committed (each well under 60 KB).
 """
 from __future__ import annotations
@@ -31,7 +33,11 @@ def main() -> int:
     except browser.Unavailable as missing:
         print(missing, file=sys.stderr)
         return 2
-    titles = browser.template_titles()
+    titles = sys.argv[1:] or browser.template_titles()
+    unknown = sorted(set(titles) - set(browser.template_titles()))
+    if unknown:
+        print(f"no such template: {unknown}; the titles are {browser.template_titles()}", file=sys.stderr)
+        return 2
     folder = os.path.join(harness.PACK_ROOT, "workflows")
     with tempfile.TemporaryDirectory(prefix="ltx25_thumbnails_") as work:
         result = browser.run_templates(work, titles, tools, thumbnails=folder)

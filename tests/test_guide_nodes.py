@@ -263,3 +263,11 @@ def test_bad_inputs_are_named_by_node_and_field(model, video_encoder, audio_enco
         guides = make(video_encoder, audio_encoder)
         sample(model, torch.zeros(STAGE1), torch.zeros(AUDIO), guides)
     assert info.value.where == field, info.value
+
+
+def test_an_empty_image_batch_is_refused_by_name():
+    """A video loader that read no frames hands on `[0, H, W, 3]`: named, not a garbled frame-count rule."""
+    from nodes.comfy.encode import check_image
+    from nodes.ltx.errors import LTX25Error
+    with pytest.raises(LTX25Error, match=r"LTX25ImageGuide\.image.*at least one frame"):
+        check_image(torch.zeros(0, 64, 96, 3), "LTX25ImageGuide.image")

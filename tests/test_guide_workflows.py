@@ -126,6 +126,7 @@ def test_ic_lora_template_conditions_stage_1_on_the_thinned_reference(inputs):
     _saved(prompt, result, 17)
     guides, frames = result["outputs"]["41"]
     assert frames == 17 and prompt["12"]["inputs"]["model"] == ["1", 0] and "guides" not in prompt["12"]["inputs"]
+    assert result["outputs"]["12"][0]["frame_rate"] == result["outputs"]["39"][2]  # the control video's rate
     provider = guides.reference[0].latent
     assert list(provider.cache) == [(96, 64, 9)], list(provider.cache)
     video = core_standins.GetVideoComponents().get(core_standins.LoadVideo().load(

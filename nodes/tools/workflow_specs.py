@@ -246,10 +246,10 @@ WORKFLOWS["ltx25_extend"] = {
 }
 # IC-LoRA (Lightricks' ICLoraPipeline): stage 1 runs the transformer with the IC-LoRA and the reference video appended;
 # stage 2 the plain transformer with no reference, as the reference pipeline does. The clip's length comes from the
-# video (the guide's frames output).
+# video (the guide's frames output), its frame rate too: the IC-LoRA follows the control video frame by frame.
 WORKFLOWS["ltx25_ic_lora"] = {
     "nodes": [(i, c, t, {**v, "model": (40, 0), "guides": (41, 0)} if i == 10 else
-               {**v, "frames": (41, 1)} if i == 5 else v) for i, c, t, v in _common(stats_vae=7)]
+               {**v, "frames": (41, 1), "fps": (39, 2)} if i == 5 else v) for i, c, t, v in _common(stats_vae=7)]
     + [ENCODER,
        (38, "LoadVideo", "Reference video", {"file": EXAMPLE_FILES["reference"]}),
        (39, "GetVideoComponents", "Reference frames", {"video": (38, 0)}),
