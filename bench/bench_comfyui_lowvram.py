@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     def observed_load_models(patchers, memory_required=0):
         real_load_models(patchers, memory_required)
         for patcher in patchers:
-            engine = bridge._engine_module(patcher)
+            engine = bridge.comfy_models._engine_module(patcher)
             streamer = streaming.streamer_of(engine)
             loads.append({"model": type(engine).__name__, "size_gib": round(patcher.model_size() / GiB, 2),
                           "comfy_loaded_gib": round(patcher.loaded_size() / GiB, 2),

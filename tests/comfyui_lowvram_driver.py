@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     # ComfyUI imports the pack under a name made from its folder's path (boot.Pack.package)
     pack_name = pack.package
     bridge, streaming, encoder = (pack.module(name) for name in ("comfy.bridge", "ltx.streaming", "ltx.text.encoder"))
+    comfy_models = bridge.comfy_models  # the bridge's ComfyUI placement, whose internals the observers read
     pack_classes = set(pack.classes)
     card = SimulatedCard(mm)
 
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         real_load_models(patchers, memory_required)
         for patcher in patchers:
             remember_roots(patcher)
-            engine = bridge._engine_module(patcher)
+            engine = comfy_models._engine_module(patcher)
             name = type(engine).__name__
             ours[id(patcher.model)] = name
             streamer = streaming.streamer_of(engine)
@@ -222,10 +223,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def placed(root) -> bool:
         """Model management has the model loaded and the bridge settled that very placement."""
-        engine = root.inner if isinstance(root, bridge._DeviceHolder) else root
+        engine = root.inner if isinstance(root, comfy_models._DeviceHolder) else root
         settled = vars(engine).get("_ltx25_settled")
         return any(entry.model is not None and entry.model.model is root and settled is not None
-                   and settled[0] == bridge._placement_token(entry.model) for entry in mm.current_loaded_models)
+                   and settled[0] == comfy_models._placement_token(entry.model) for entry in mm.current_loaded_models)
 
     off_placement: set[str] = set()
 
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False):
         real_load(self, device_to, lowvram_model_memory, force_patch_weights, full_load)
         if type(self.model).__module__.startswith(pack_name):
-            engine = bridge._engine_module(self)
+            engine = comfy_models._engine_module(self)
             events.append({"event": "load", "model": type(engine).__name__,
                            "lowvram_model_memory": float(lowvram_model_memory), "full_load": bool(full_load),
                            "loaded_by_comfy": int(self.model.model_loaded_weight_memory),

@@ -43,8 +43,9 @@ def test_loading_a_decoder_evicts_the_transformer_when_memory_is_short(monkeypat
     gib = 2**30
     transformer, decoder = FakePatcher(8 * gib), FakePatcher(4 * gib)
     capacity = 10 * gib
-    monkeypatch.setattr(bridge, "free_device_memory",
-                        lambda device=None: capacity - sum(p.size for p in bridge._standalone_live() if p.on_device))
+    live = bridge.standalone._standalone_live
+    monkeypatch.setattr(bridge.standalone, "free_device_memory",
+                        lambda device=None: capacity - sum(p.size for p in live() if p.on_device))
     bridge.load_models([transformer])
     assert transformer.on_device and bridge.loaded_model_count() >= 1
     bridge.load_models([decoder], memory_required=gib)

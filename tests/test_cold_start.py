@@ -65,8 +65,8 @@ def test_under_comfyui_the_cache_goes_to_its_user_directory(clean_env, tmp_path)
     """The bridge registers ComfyUI's user directory at import; the first compilation applies it (asked then, so
     ComfyUI's --user-directory is already parsed) and sets both torch's and Triton's variables."""
     user = tmp_path / "user"
-    clean_env.setattr(bridge, "HAS_COMFY", True)
-    clean_env.setattr(bridge, "_folder_paths", types.SimpleNamespace(get_user_directory=lambda: str(user)),
+    clean_env.setattr(bridge.folders, "HAS_COMFY", True)
+    clean_env.setattr(bridge.folders, "_folder_paths", types.SimpleNamespace(get_user_directory=lambda: str(user)),
                       raising=False)
     cc.set_host_root(bridge.user_directory)
     dirs = cc.ensure_applied()
@@ -78,7 +78,7 @@ def test_under_comfyui_the_cache_goes_to_its_user_directory(clean_env, tmp_path)
 
 def test_headless_the_env_var_decides_and_the_bridge_offers_no_folder(clean_env, tmp_path):
     """Headless, the bridge offers no host folder, and LTX25_CACHE_DIR is where everything goes."""
-    clean_env.setattr(bridge, "HAS_COMFY", False)
+    clean_env.setattr(bridge.folders, "HAS_COMFY", False)
     clean_env.setenv(cc.ENV, str(tmp_path / "mine"))
     cc.set_host_root(bridge.user_directory)
     assert bridge.user_directory() is None
@@ -160,7 +160,7 @@ def test_show_on_node_sends_comfyuis_progress_text_to_the_running_node(monkeypat
     ComfyUI's progress text, so the compile message appears under the sampler while it compiles."""
     sent = []
     server = types.SimpleNamespace(send_progress_text=lambda text, node_id: sent.append((text, node_id)))
-    monkeypatch.setattr(bridge, "HAS_COMFY", True)
+    monkeypatch.setattr(bridge.node_text, "HAS_COMFY", True)
     monkeypatch.setitem(sys.modules, "server", types.SimpleNamespace(PromptServer=types.SimpleNamespace(
         instance=server)))
     monkeypatch.setitem(sys.modules, "comfy_execution", types.ModuleType("comfy_execution"))

@@ -84,7 +84,7 @@ def test_object_info_lists_every_pack_node_with_its_declared_inputs(server, obje
     from nodes.comfy import bridge as comfy_bridge
     from nodes.registry import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
     # model-file widgets list the same folder on both sides
-    monkeypatch.setattr(comfy_bridge, "_models_dir_override", server.models_dir)
+    monkeypatch.setattr(comfy_bridge.folders, "_models_dir_override", server.models_dir)
     for name in EXPECTED_NODES:
         cls, info = NODE_CLASS_MAPPINGS[name], object_info[name]
         declared = _json_roundtrip(cls.INPUT_TYPES())

@@ -91,8 +91,8 @@ def test_cli_exits_nonzero_with_the_error_on_stderr(tmp_path, capsys, monkeypatc
     from nodes.comfy import bridge
     monkeypatch.setattr(run, "NODE_CLASS_MAPPINGS", CLASSES)
     # run.main points the bridge at --models and --out: restored afterwards, or later tests lose the tiny set
-    monkeypatch.setattr(bridge, "_models_dir_override", bridge._models_dir_override)
-    monkeypatch.setattr(bridge, "_output_dir_override", bridge._output_dir_override)
+    monkeypatch.setattr(bridge.folders, "_models_dir_override", bridge.folders._models_dir_override)
+    monkeypatch.setattr(bridge.folders, "_output_dir_override", bridge.folders._output_dir_override)
     bad = json.loads(json.dumps(API))
     del bad["2"]["inputs"]["number"]
     path = tmp_path / "bad.json"
@@ -114,8 +114,8 @@ def test_cli_input_errors_are_one_line_and_status_2_before_anything_runs(tmp_pat
             return super().make(*args, **kwargs)
 
     monkeypatch.setattr(run, "NODE_CLASS_MAPPINGS", {**CLASSES, "MakeNumber": Counted})
-    monkeypatch.setattr(bridge, "_models_dir_override", bridge._models_dir_override)
-    monkeypatch.setattr(bridge, "_output_dir_override", bridge._output_dir_override)
+    monkeypatch.setattr(bridge.folders, "_models_dir_override", bridge.folders._models_dir_override)
+    monkeypatch.setattr(bridge.folders, "_output_dir_override", bridge.folders._output_dir_override)
     good = tmp_path / "good.json"
     good.write_text(json.dumps(API))
     (tmp_path / "broken.json").write_text("{not json")

@@ -1,6 +1,6 @@
-"""Patchable model handles (nodes/comfy/handles.py, standalone patcher in bridge.py): clones share one module and
-carry their own weight patches, applied in place when a clone is made ready; a handle loaded under a small VRAM
-budget streams its blocks and gives the same output."""
+"""Patchable model handles (nodes/comfy/handles.py, standalone patcher in nodes/comfy/bridge/standalone.py): clones
+share one module and carry their own weight patches, applied in place when a clone is made ready; a handle loaded
+under a small VRAM budget streams its blocks and gives the same output."""
 from __future__ import annotations
 
 import copy

@@ -1,6 +1,7 @@
 """The house rules that the layout alone cannot enforce: the engine (`nodes/ltx`) never imports the ComfyUI face,
-media or tools; importing an engine module never imports a node; and the re-rooting changed no behaviour (the
-tiny set and the A/B graph's outputs equal those recorded before the move)."""
+media or tools; only the bridge package (`nodes/comfy/bridge/`) imports ComfyUI; importing an engine module never
+imports a node; and the re-rooting changed no behaviour (the tiny set and the A/B graph's outputs equal those
+recorded before the move)."""
 from __future__ import annotations
 
 import ast
@@ -49,6 +50,45 @@ def test_engine_never_imports_the_face_media_or_tools():
     assert len(_engine_files()) > 20
     arrows = [f"{os.path.relpath(path, ROOT)}:{line} imports {target}" for path in _engine_files()
               for line, target in _imports(path) if target.startswith(FORBIDDEN)]
+    assert not arrows, "\n".join(arrows)
+
+
+# ComfyUI's top-level modules and packages (its checkout's root). `comfy_kitchen` is a kernel library of its own, not
+# ComfyUI, and the pack's `nodes` is told apart from ComfyUI's nodes.py below: the pack imports itself relatively.
+COMFYUI = ("comfy", "comfy_extras", "comfy_execution", "comfy_api", "comfy_api_nodes", "comfy_config", "folder_paths",
+           "latent_preview", "server", "execution", "node_helpers", "comfyui_version", "app", "middleware")
+BRIDGE = os.path.join(ROOT, "nodes", "comfy", "bridge")
+
+
+def _pack_files() -> list[str]:
+    top = os.path.join(ROOT, "nodes")
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(top) for f in fs if f.endswith(".py"))
+
+
+def _absolute_pack_imports(path: str) -> list[int]:
+    """Lines importing `nodes` absolutely: inside ComfyUI that name is core's nodes.py, not the pack."""
+    lines = []
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.Import):
+            lines += [node.lineno for alias in node.names if alias.name.split(".")[0] == "nodes"]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "nodes":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_bridge_package_imports_comfyui():
+    """One bridge touches ComfyUI: no module of the pack outside nodes/comfy/bridge/ imports ComfyUI (lazily either),
+    nor `nodes` absolutely (in ComfyUI, core's nodes.py). The bridge's own imports of ComfyUI are seen, so the check
+    is not blind to them."""
+    files = _pack_files()
+    inside = [path for path in files if path.startswith(BRIDGE + os.sep)]
+    assert len(inside) > 3 and len(files) > len(inside) + 20
+    seen = {target.split(".")[0] for path in inside for _, target in _imports(path)}
+    assert {"comfy", "folder_paths", "latent_preview", "server"} <= seen, seen
+    arrows = [f"{os.path.relpath(path, ROOT)}:{line} imports {target}" for path in files if path not in inside
+              for line, target in _imports(path) if target.split(".")[0] in COMFYUI]
+    arrows += [f"{os.path.relpath(path, ROOT)}:{line} imports nodes absolutely" for path in files
+               for line in _absolute_pack_imports(path)]
     assert not arrows, "\n".join(arrows)
 
 

@@ -48,7 +48,8 @@ def test_on_x0_gets_each_steps_x0_video_and_outputs_are_unchanged():
 def test_headless_step_callback_ignores_the_preview_latent(monkeypatch, capsys):
     """Without ComfyUI the preview callback only counts progress: an x0 is taken and ignored, the progress line
     still reaches 3/3, and a requested interrupt still stops it."""
-    monkeypatch.setattr(bridge, "HAS_COMFY", False)
+    monkeypatch.setattr(bridge.progress, "HAS_COMFY", False)
+    monkeypatch.setattr(bridge.interrupts, "HAS_COMFY", False)
     monkeypatch.delenv("LTX25_QUIET", raising=False)
     on_step = bridge.step_callback(3, "test", preview_latent=True)
     for done in (1, 2, 3):
@@ -78,10 +79,12 @@ def test_step_callback_sends_previews_through_comfyui_progress_bar(monkeypatch):
     """Under ComfyUI (faked: progress bar, interrupt check, previewer) a preview callback sends each step's value
     and total with the image the previewer made from that step's x0; a step without x0 sends no image."""
     FakeProgressBar.updates = []
-    monkeypatch.setattr(bridge, "HAS_COMFY", True)
-    monkeypatch.setattr(bridge, "_comfy_utils", SimpleNamespace(ProgressBar=FakeProgressBar))
-    monkeypatch.setattr(bridge, "_mm", SimpleNamespace(throw_exception_if_processing_interrupted=lambda: None))
-    monkeypatch.setattr(bridge, "_ltx_video_previewer", lambda: FakePreviewer())
+    monkeypatch.setattr(bridge.progress, "HAS_COMFY", True)
+    monkeypatch.setattr(bridge.progress, "_comfy_utils", SimpleNamespace(ProgressBar=FakeProgressBar))
+    monkeypatch.setattr(bridge.progress, "_ltx_video_previewer", lambda: FakePreviewer())
+    monkeypatch.setattr(bridge.interrupts, "HAS_COMFY", True)
+    monkeypatch.setattr(bridge.interrupts, "_mm",
+                        SimpleNamespace(throw_exception_if_processing_interrupted=lambda: None))
     on_step = bridge.step_callback(3, "test", preview_latent=True)
     on_step(1, 3, torch.zeros(VIDEO))
     on_step(2, 3)

@@ -1,8 +1,8 @@
 """Sizes that cannot fit are refused up front (issue 20, item 5): 8192×8192×1025 is within the widgets' limits, but
 its latents, the transformer's or upsampler's working memory, or its decoded frames exceed any machine's memory.
 Each node refuses before it allocates or loads anything, naming itself, the bytes needed and the bytes available,
-and what to change. The machine's memory is set by the test (`bridge.memory_limit`), so the figures do not depend
-on where the suite runs; the huge latents are zero-stride views that take no memory."""
+and what to change. The machine's memory is set by the test (`bridge.devices.memory_limit`), so the figures do not
+depend on where the suite runs; the huge latents are zero-stride views that take no memory."""
 from __future__ import annotations
 
 import re
@@ -22,7 +22,7 @@ HUGE = (1, 128, 129, 256, 256)  # the video latent of 8192×8192×1025 at full s
 
 
 def _limited(monkeypatch, gib: float) -> None:
-    monkeypatch.setattr(bridge, "memory_limit", lambda device=None: int(gib * GIB))
+    monkeypatch.setattr(bridge.devices, "memory_limit", lambda device=None: int(gib * GIB))
     monkeypatch.setattr(Loaded, "ready", lambda *a: pytest.fail("a model was loaded before the refusal"))
 
 

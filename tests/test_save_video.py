@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture
 def output_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(bridge, "_output_dir_override", str(tmp_path))
+    monkeypatch.setattr(bridge.folders, "_output_dir_override", str(tmp_path))
     return tmp_path
 
 
@@ -262,7 +262,7 @@ def test_an_interrupt_stops_the_save_and_leaves_no_file(output_dir, monkeypatch)
     try:
         asyncio.run(main())
     finally:
-        bridge._interrupt_requested = False  # a save that missed it must not stop a later test
+        bridge.interrupts._interrupt_requested = False  # a save that missed it must not stop a later test
     assert list(output_dir.iterdir()) == [] and len(converted) < 100, len(converted)
 
 
