@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from . import bridge
 from .decode_tiling import tiling_inputs
-from .handles import Loaded
-from .loaders import WEIGHT_DTYPES, _dtype_input, _file_input
+from .loaders import dtype_input, file_input, load_registered
 from ..ltx.decode.tiling import TilingRequest
 from ..ltx.errors import LTX25Error
-from ..ltx.files.assets import Kind, expect_kind
+from ..ltx.files.assets import Kind
 
 LOADERS, ENCODE = "LTX-2.5/loaders", "LTX-2.5/encode"
 VIDEO_NODE, AUDIO_NODE = "LTX25EncodeVideo", "LTX25EncodeAudio"
@@ -28,14 +27,14 @@ class LTX25VideoEncoderLoader:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "vae_file": _file_input("vae", "ltx-2.5-video-vae-conv-bf16 or ltx-2.5-video-vae-bf16: both carry the "
+            "vae_file": file_input("vae", "ltx-2.5-video-vae-conv-bf16 or ltx-2.5-video-vae-bf16: both carry the "
                                     "same encoder", Kind.CONV_VAE, Kind.DIFFUSION_VAE),
-            "weight_dtype": _dtype_input()}}
+            "weight_dtype": dtype_input()}}
 
     def load(self, vae_file: str, weight_dtype: str):
         from ..ltx.encode.video_encoder import load_video_encoder
-        info = expect_kind(bridge.model_file_path("vae", vae_file), (Kind.CONV_VAE, Kind.DIFFUSION_VAE))
-        return (Loaded.register(load_video_encoder(info.path, WEIGHT_DTYPES[weight_dtype]), info),)
+        kinds = (Kind.CONV_VAE, Kind.DIFFUSION_VAE)
+        return (load_registered("vae", vae_file, kinds, load_video_encoder, weight_dtype),)
 
 
 class LTX25AudioEncoderLoader:
@@ -47,13 +46,12 @@ class LTX25AudioEncoderLoader:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"audio_vae_file": _file_input("vae", "ltx-2.5-audio-vae-bf16.safetensors", Kind.AUDIO_VAE),
-                             "weight_dtype": _dtype_input()}}
+        return {"required": {"audio_vae_file": file_input("vae", "ltx-2.5-audio-vae-bf16.safetensors", Kind.AUDIO_VAE),
+                             "weight_dtype": dtype_input()}}
 
     def load(self, audio_vae_file: str, weight_dtype: str):
         from ..ltx.encode.audio_encoder import load_audio_encoder
-        info = expect_kind(bridge.model_file_path("vae", audio_vae_file), Kind.AUDIO_VAE)
-        return (Loaded.register(load_audio_encoder(info.path, WEIGHT_DTYPES[weight_dtype]), info),)
+        return (load_registered("vae", audio_vae_file, Kind.AUDIO_VAE, load_audio_encoder, weight_dtype),)
 
 
 def check_image(images: object, where: str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
+from typing import Callable
 
 import torch
 
@@ -18,7 +19,8 @@ WEIGHT_DTYPES = {AS_STORED: None, "bf16": torch.bfloat16, "fp16": torch.float16,
 FP8_COMPUTE = "fp8 compute (opt-in)"  # the transformer only: bf16, then the DiT blocks' Linears in FP8
 
 
-def _file_input(folder: str, tooltip: str, *kinds: Kind) -> tuple:
+def file_input(folder: str, tooltip: str, *kinds: Kind) -> tuple:
+    """A loader's file widget: the folder's files of `kinds` first (files_of_kind)."""
     return (files_of_kind(folder, kinds), {"tooltip": f"{tooltip} (from models/{folder}/)"})
 
 
@@ -55,13 +57,21 @@ def _header_kind(path: str, mtime_ns: int, size: int) -> Kind | None:
         return None
 
 
-def _dtype_input(as_stored: bool = False) -> tuple:
+def dtype_input(as_stored: bool = False) -> tuple:
     """`as_stored` for the components released quantized (transformer, text encoder): 'as stored' first and the
     default. The others are released in bf16 only and keep bf16 as their default."""
     if as_stored:
         return (list(WEIGHT_DTYPES), {"default": AS_STORED, "tooltip": "'as stored' keeps NVFP4/FP8/int8 weights "
                                       "quantized on the GPU (less memory); a dtype dequantizes the whole file to it."})
     return ([d for d in WEIGHT_DTYPES if d != AS_STORED], {"default": "bf16", "tooltip": "Weight dtype."})
+
+
+def load_registered(folder: str, file_name: str, kinds: Kind | tuple[Kind, ...], load: Callable[..., torch.nn.Module],
+                    weight_dtype: str) -> Loaded:
+    """A loader node's work: the file checked to be of `kinds`, its module built by `load(path, dtype)` and registered
+    with model management (weights offloaded until a node needs them)."""
+    info = expect_kind(bridge.model_file_path(folder, file_name), kinds)
+    return Loaded.register(load(info.path, WEIGHT_DTYPES[weight_dtype]), info)
 
 
 class LTX25TransformerLoader:
@@ -74,9 +84,9 @@ class LTX25TransformerLoader:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "transformer_file": _file_input("diffusion_models", "ltx-2.5-22b-distilled-transformer-bf16.safetensors",
+            "transformer_file": file_input("diffusion_models", "ltx-2.5-22b-distilled-transformer-bf16.safetensors",
                                             Kind.TRANSFORMER),
-            "weight_dtype": _transformer_dtype_input()}}
+            "weight_dtype": _transformerdtype_input()}}
 
     def load(self, transformer_file: str, weight_dtype: str):
         from ..ltx.dit.accelerated_denoise import release
@@ -88,8 +98,8 @@ class LTX25TransformerLoader:
         return (Loaded.register(module, info, on_unload=release),)
 
 
-def _transformer_dtype_input() -> tuple:
-    choices, options = _dtype_input(as_stored=True)
+def _transformerdtype_input() -> tuple:
+    choices, options = dtype_input(as_stored=True)
     return ([*choices, FP8_COMPUTE], {**options, "tooltip": options["tooltip"] + (
         f" '{FP8_COMPUTE}': the file in bf16, then the 48 blocks' linear layers quantized to FP8 (E4M3, one scale "
         "per output row; activations scaled per token at run time) for FP8 tensor-core GEMMs on GPUs of compute "
@@ -108,9 +118,9 @@ class LTX25TextEncoderLoader:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "text_encoder_file": _file_input("text_encoders", "gemma4-12b-with-proj-ltx-2.5-bf16.safetensors",
+            "text_encoder_file": file_input("text_encoders", "gemma4-12b-with-proj-ltx-2.5-bf16.safetensors",
                                              Kind.TEXT_ENCODER),
-            "weight_dtype": _dtype_input(as_stored=True)},
+            "weight_dtype": dtype_input(as_stored=True)},
             "optional": {"device": (["auto", "cpu"], {"default": "auto", "tooltip": (
                 "auto: Gemma runs on the GPU through model management, its layers streamed from host memory when "
                 "the card is too small for it. cpu: it runs on the CPU — much slower, but it takes no GPU memory.")})}}
@@ -132,9 +142,9 @@ class LTX25VideoVAELoader:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "vae_file": _file_input("vae", "ltx-2.5-video-vae-bf16 (diffusion) or ltx-2.5-video-vae-conv-bf16 (conv)",
+            "vae_file": file_input("vae", "ltx-2.5-video-vae-bf16 (diffusion) or ltx-2.5-video-vae-conv-bf16 (conv)",
                                     Kind.DIFFUSION_VAE, Kind.CONV_VAE),
-            "weight_dtype": _dtype_input()}}
+            "weight_dtype": dtype_input()}}
 
     def load(self, vae_file: str, weight_dtype: str):
         info = expect_kind(bridge.model_file_path("vae", vae_file), (Kind.DIFFUSION_VAE, Kind.CONV_VAE))
@@ -155,13 +165,12 @@ class LTX25AudioVAELoader:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"audio_vae_file": _file_input("vae", "ltx-2.5-audio-vae-bf16.safetensors", Kind.AUDIO_VAE),
-                             "weight_dtype": _dtype_input()}}
+        return {"required": {"audio_vae_file": file_input("vae", "ltx-2.5-audio-vae-bf16.safetensors", Kind.AUDIO_VAE),
+                             "weight_dtype": dtype_input()}}
 
     def load(self, audio_vae_file: str, weight_dtype: str):
         from ..ltx.audio_vae import load_audio_vae
-        info = expect_kind(bridge.model_file_path("vae", audio_vae_file), Kind.AUDIO_VAE)
-        return (Loaded.register(load_audio_vae(info.path, WEIGHT_DTYPES[weight_dtype]), info),)
+        return (load_registered("vae", audio_vae_file, Kind.AUDIO_VAE, load_audio_vae, weight_dtype),)
 
 
 class LTX25UpsamplerLoader:
@@ -174,14 +183,13 @@ class LTX25UpsamplerLoader:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "upsampler_file": _file_input("latent_upscale_models",
+            "upsampler_file": file_input("latent_upscale_models",
                                           "ltx-2.5-latent-spatial-upscaler-x2-bf16-1.0.safetensors", Kind.UPSAMPLER),
-            "weight_dtype": _dtype_input()}}
+            "weight_dtype": dtype_input()}}
 
     def load(self, upsampler_file: str, weight_dtype: str):
         from ..ltx.upsampler import load_upsampler
-        info = expect_kind(bridge.model_file_path("latent_upscale_models", upsampler_file), Kind.UPSAMPLER)
-        return (Loaded.register(load_upsampler(info.path, WEIGHT_DTYPES[weight_dtype]), info),)
+        return (load_registered("latent_upscale_models", upsampler_file, Kind.UPSAMPLER, load_upsampler, weight_dtype),)
 
 
 NODE_CLASS_MAPPINGS = {c.__name__: c for c in (LTX25TransformerLoader, LTX25TextEncoderLoader, LTX25VideoVAELoader,
