@@ -25,6 +25,7 @@ from .files.assets import Kind, expect_kind, read_state_dict
 from .files.config import config_field
 from .errors import LTX25Error
 from .files.keymap import Drop, KeyMap, Rename, load_strict
+from .files.vae_layout import statistics_renames, unused_statistics
 from .stop_points import checked_before
 from .geometry import (AUDIO_BINS, AUDIO_CHANNELS, AUDIO_LATENTS_PER_SECOND, TEMPORAL_COMPRESSION,
                        audio_latent_frames, pixel_frames)
@@ -40,8 +41,7 @@ KEY_MAP = KeyMap(
     "audio VAE decoder + vocoder",
     renames=(
         Rename("audio_vae.decoder", "decoder"),
-        Rename("audio_vae.per_channel_statistics.mean-of-means", "latents_mean"),
-        Rename("audio_vae.per_channel_statistics.std-of-means", "latents_std"),
+        *statistics_renames("audio_vae."),
         *(Rename(f"vocoder.{part}.{native}", f"vocoder.{part}.{module}")
           for part in ("vocoder", "bwe_generator") for native, module in _VOCODER_RENAMES),
         # Anti-alias activations: native `downsample.lowpass.filter`, diffusers `downsample.filter`.
@@ -49,8 +49,7 @@ KEY_MAP = KeyMap(
     ),
     drops=(
         Drop(r"audio_vae\.encoder\..*", "the audio encoder: LTX-2.5 Load Audio Encoder builds it (encode/)"),
-        Drop(r"audio_vae\.per_channel_statistics\.(?!mean-of-means$|std-of-means$).*",
-             "dataset statistics the decoder does not use"),
+        unused_statistics("audio_vae.", "dataset statistics the decoder does not use"),
     ),
 )
 

@@ -27,10 +27,12 @@ from .conv_tiling import CostModel, TilePlan, plan_tiles, spatial_pixels, tempor
 from .tiling import TilingRequest
 from .stats import DecodeStats
 from ..errors import LTX25Error
-from ..files.keymap import Drop, KeyMap, Rename, load_strict
+from ..files.keymap import Drop, KeyMap, load_strict
+from ..files.vae_layout import (block_params, check_compression, flat_block_renames, statistics_renames,
+                                unused_statistics)
 from ..latents import check_video_latent, denormalize_video
 from ..device_memory import free_bytes, start_meter, weight_bytes
-from ..geometry import SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION, VIDEO_CHANNELS as LATENT_CHANNELS
+from ..geometry import VIDEO_CHANNELS as LATENT_CHANNELS
 from .host_frames import HostFrames, host_copier
 from ..stop_points import checked_before
 
@@ -40,30 +42,14 @@ _STRIDES = {"spatiotemporal": (2, 2, 2), "temporal": (2, 1, 1), "spatial": (1, 2
 _DECODER_MODULES = ("mid_block", "up_blocks.0.upsamplers.0", "up_blocks.0", "up_blocks.1.upsamplers.0", "up_blocks.1",
                     "up_blocks.2.upsamplers.0", "up_blocks.2", "up_blocks.3.upsamplers.0", "up_blocks.3")
 
-# Whole-segment prefixes (`…res_blocks` → `…resnets`, `…conv` → `…upsamplers.0.conv`) so no row's output is another
-# row's input: applied in order, `up_blocks.2 → up_blocks.0` would otherwise be caught by `up_blocks.0 → mid_block`.
 KEY_MAP = KeyMap(
     "conv video VAE decoder",
-    renames=tuple(
-        Rename(f"decoder.up_blocks.{i}.res_blocks", f"decoder.{module}.resnets") if i % 2 == 0
-        else Rename(f"decoder.up_blocks.{i}.conv", f"decoder.{module}.conv")
-        for i, module in enumerate(_DECODER_MODULES)
-    ) + (
-        Rename("per_channel_statistics.mean-of-means", "latents_mean"),
-        Rename("per_channel_statistics.std-of-means", "latents_std"),
-    ),
+    renames=flat_block_renames("decoder", "up_blocks", _DECODER_MODULES) + statistics_renames(),
     drops=(
         Drop(r"encoder\..*", "the bundled encoder: LTX-2.5 Load Video Encoder builds it (encode/)"),
-        Drop(r"per_channel_statistics\.(?!mean-of-means$|std-of-means$).*",
-             "dataset statistics the decoder does not use (diffusers' converter drops them too)"),
+        unused_statistics("", "dataset statistics the decoder does not use (diffusers' converter drops them too)"),
     ),
 )
-
-def _block_params(where: str, key: str, block: Any) -> tuple[str, dict]:
-    if not (isinstance(block, (list, tuple)) and len(block) == 2 and isinstance(block[0], str)):
-        raise LTX25Error(where, key, block, '[name, params] pairs such as ["res_x", {"num_layers": 4}]')
-    name, params = block
-    return name, ({"num_layers": params} if isinstance(params, int) else dict(params))
 
 
 @dataclass(frozen=True)
@@ -94,7 +80,7 @@ class ConvVAEConfig:
         for key, (default, wanted) in fixed.items():
             field(key, default, allowed=(wanted,),
                   hint="LTX-2.5 conv VAE files ship this value; the file is from another model.")
-        blocks = [_block_params(where, "config.vae.decoder_blocks", b) for b in field("decoder_blocks", [])]
+        blocks = [block_params(where, "config.vae.decoder_blocks", b) for b in field("decoder_blocks", [])]
         names = [n for n, _ in blocks]
         if len(blocks) != 9 or any(n != "res_x" for n in names[::2]) or any(n not in UPSAMPLER_KINDS
                                                                           for n in names[1::2]):
@@ -104,12 +90,8 @@ class ConvVAEConfig:
             raise LTX25Error(where, "config.vae.decoder_blocks inject_noise", True, "false (LTX-2.5)")
         upsamplers = tuple((n, int(p.get("multiplier", 1)), bool(p.get("residual", False))) for n, p in blocks[1::2])
         patch = int(field("patch_size", 4))
-        spatial = patch * 2 ** sum(_STRIDES[UPSAMPLER_KINDS[n]][1] == 2 for n, _, _ in upsamplers)
-        temporal = 2 ** sum(_STRIDES[UPSAMPLER_KINDS[n]][0] == 2 for n, _, _ in upsamplers)
-        if (spatial, temporal) != (SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION):
-            raise LTX25Error(where, "config.vae compression (patch_size × decoder upsamplers)",
-                             f"{spatial}×{spatial}×{temporal}", f"{SPATIAL_COMPRESSION}×{SPATIAL_COMPRESSION}×"
-                             f"{TEMPORAL_COMPRESSION} (the LTX-2.5 latent grid)")
+        check_compression(where, "config.vae compression (patch_size × decoder upsamplers)", patch,
+                          (_STRIDES[UPSAMPLER_KINDS[n]] for n, _, _ in upsamplers))
         padding = field("spatial_padding_mode", "reflect", allowed=("zeros", "reflect", "replicate", "circular"))
         return cls(LATENT_CHANNELS, patch, int(field("decoder_base_channels", 128)),
                    bool(field("causal_decoder", False)), padding,

@@ -34,6 +34,7 @@ from ..errors import LTX25Error
 from ..geometry import SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION
 from .host_frames import DeviceToHost, DirectCopy, HostFrames, host_copier
 from ..files.keymap import Drop, KeyMap, Rename, Split, load_strict
+from ..files.vae_layout import statistics_renames
 from ..latents import denormalize_video
 
 CLASS_NAME = "CausalDiffusionVAE"
@@ -128,8 +129,7 @@ KEY_MAP = KeyMap(
         Rename("attn.proj", "attn.to_out.0", anywhere=True),
         Rename("attn.q_norm", "attn.norm_q", anywhere=True),
         Rename("attn.k_norm", "attn.norm_k", anywhere=True),
-        Rename("per_channel_statistics.mean-of-means", "latents_mean"),
-        Rename("per_channel_statistics.std-of-means", "latents_std"),
+        *statistics_renames(),
     ),
     splits=(Split("qkv", ("to_q", "to_k", "to_v")),),  # fused [3C, C] stored q, k, v in thirds
     drops=(

@@ -21,6 +21,7 @@ from ..errors import LTX25Error
 from ..files.assets import Kind, expect_kind, read_state_dict
 from ..files.config import config_field
 from ..files.keymap import Drop, KeyMap, Rename, check_unread, load_strict
+from ..files.vae_layout import statistics_renames, unused_statistics
 from ..geometry import audio_latent_frames
 from ..stop_points import checked_before
 from .mel import log_mel, mel_frames, resample
@@ -30,14 +31,12 @@ KEY_MAP = KeyMap(
     "audio VAE encoder",
     renames=(
         Rename("audio_vae.encoder", "encoder"),
-        Rename("audio_vae.per_channel_statistics.mean-of-means", "latents_mean"),
-        Rename("audio_vae.per_channel_statistics.std-of-means", "latents_std"),
+        *statistics_renames("audio_vae."),
     ),
     drops=(
         Drop(r"audio_vae\.decoder\..*", "the audio decoder: LTX-2.5 Load Audio VAE builds it"),
         Drop(r"vocoder\..*", "the vocoder (and its bandwidth extension): the decode side"),
-        Drop(r"audio_vae\.per_channel_statistics\.(?!mean-of-means$|std-of-means$).*",
-             "dataset statistics the normalization does not use"),
+        unused_statistics("audio_vae.", "dataset statistics the normalization does not use"),
     ),
 )
 

@@ -22,13 +22,14 @@ import torch
 from diffusers.models.autoencoders.autoencoder_kl_ltx2 import LTX2VideoEncoder3d
 
 from ..decode.conv_tiling import CostModel, TilePlan, plan_tiles, temporal_pixels
-from ..decode.conv_vae import _block_params
 from ..decode.tiling import TilingRequest, blend_weights
 from ..device_memory import free_bytes, weight_bytes
 from ..errors import LTX25Error
 from ..files.assets import Kind, expect_kind, read_state_dict
 from ..files.config import config_field
-from ..files.keymap import Drop, KeyMap, Rename, check_unread, load_strict
+from ..files.keymap import Drop, KeyMap, check_unread, load_strict
+from ..files.vae_layout import (block_params, check_compression, flat_block_renames, statistics_renames,
+                                unused_statistics)
 from ..geometry import SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION, VIDEO_CHANNELS, latent_frames
 from ..latents import normalize_video
 from ..stop_points import checked_before
@@ -48,22 +49,13 @@ PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 _ENCODER_MODULES = ("down_blocks.0", "down_blocks.0.downsamplers.0", "down_blocks.1", "down_blocks.1.downsamplers.0",
                     "down_blocks.2", "down_blocks.2.downsamplers.0", "down_blocks.3", "down_blocks.3.downsamplers.0",
                     "mid_block")
-# Whole-segment prefixes, so no row's output is another row's input (as the decoder's map).
 KEY_MAP = KeyMap(
     "video VAE encoder",
-    renames=tuple(
-        Rename(f"encoder.down_blocks.{i}.res_blocks", f"encoder.{module}.resnets") if i % 2 == 0
-        else Rename(f"encoder.down_blocks.{i}.conv", f"encoder.{module}.conv")
-        for i, module in enumerate(_ENCODER_MODULES)
-    ) + (
-        Rename("per_channel_statistics.mean-of-means", "latents_mean"),
-        Rename("per_channel_statistics.std-of-means", "latents_std"),
-    ),
+    renames=flat_block_renames("encoder", "down_blocks", _ENCODER_MODULES) + statistics_renames(),
     drops=(
         Drop(r"decoder\..*", "the file's decoder (conv or diffusion): LTX-2.5 Load Video VAE builds it, the encoder "
                              "uses none of it"),
-        Drop(r"per_channel_statistics\.(?!mean-of-means$|std-of-means$).*",
-             "dataset statistics the normalization does not use"),
+        unused_statistics("", "dataset statistics the normalization does not use"),
     ),
 )
 
@@ -119,7 +111,7 @@ class VideoEncoderConfig:
             blocks_key, raw = "encoder_blocks", field("encoder_blocks", None)
         if raw is None:
             field("blocks" if nested else "encoder_blocks")  # the missing-value error, naming the key
-        blocks = [_block_params(where, f"config.{base}.{blocks_key}", b) for b in raw] if isinstance(raw, list) else []
+        blocks = [block_params(where, f"config.{base}.{blocks_key}", b) for b in raw] if isinstance(raw, list) else []
         names = [n for n, _ in blocks]
         if len(blocks) != 9 or any(n != "res_x" for n in names[::2]) or any(n not in DOWNSAMPLER_KINDS
                                                                           for n in names[1::2]):
@@ -128,12 +120,8 @@ class VideoEncoderConfig:
         # the reference's default multiplier for a *_res block is 2
         downsamplers = tuple((DOWNSAMPLER_KINDS[n], int(p.get("multiplier", 2))) for n, p in blocks[1::2])
         patch = int(field("patch_size", 4))
-        spatial = patch * 2 ** sum(_STRIDES[kind][1] == 2 for kind, _ in downsamplers)
-        temporal = 2 ** sum(_STRIDES[kind][0] == 2 for kind, _ in downsamplers)
-        if (spatial, temporal) != (SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION):
-            raise LTX25Error(where, f"config.{base} compression (patch_size × encoder downsamplers)",
-                             f"{spatial}×{spatial}×{temporal}", f"{SPATIAL_COMPRESSION}×{SPATIAL_COMPRESSION}×"
-                             f"{TEMPORAL_COMPRESSION} (the LTX-2.5 latent grid)")
+        check_compression(where, f"config.{base} compression (patch_size × encoder downsamplers)", patch,
+                          (_STRIDES[kind] for kind, _ in downsamplers))
         return cls(latent_channels, patch, tuple(int(p["num_layers"]) for _, p in blocks[::2]), downsamplers,
                    padding, log_var)
 
