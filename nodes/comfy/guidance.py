@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from . import bridge
 from .sampling import (DEFAULT_FRAME_RATE, GUIDES_INPUT, LATENT_PAIR_TOOLTIPS, NOISE_LAYOUT_TOOLTIP, STAGE_INPUTS,
-                       check_stage_latents, check_working_memory, per_token)
-from ..ltx import latents
+                       check_working_memory, per_token, stage_latents, stage_outputs)
 from ..ltx.dit import dev_sampling, guidance as ltx_guidance, sampling
 from ..ltx.errors import LTX25Error
 
@@ -111,10 +110,7 @@ class LTX25GuidedSampler:
                noise_layout="comfy"):
         where = "LTX25GuidedSampler"
         sampling.check_noise_layout(noise_layout, f"{where}.noise_layout")
-        fps = latents.frame_rate(video_latent, f"{where}.video_latent", default=frame_rate)
-        video = latents.unbind_av(video_latent["samples"], latents.VIDEO_STREAM, f"{where}.video_latent")
-        audio = latents.unbind_av(audio_latent["samples"], latents.AUDIO_STREAM, f"{where}.audio_latent")
-        held, dit_shape = check_stage_latents(video, audio, fps, guides, where)
+        fps, video, audio, held, dit_shape = stage_latents(video_latent, audio_latent, frame_rate, guides, where)
         _check_prompts(guider, video.shape[0], f"{where}.guider")
         tokens = dev_sampling.latent_tokens(video.shape) if schedule_shift == SHIFTS[1] else dev_sampling.MAX_TOKENS
         schedule = sampling.parse_sigmas(sigmas or "", f"{where}.sigmas") or (
@@ -133,8 +129,7 @@ class LTX25GuidedSampler:
                 guides=held, noise_layout=noise_layout)
         finally:
             bridge.empty_cache()
-        return ({**video_latent, "samples": video, "frame_rate": fps},
-                {**audio_latent, "samples": audio, "type": "audio", "frame_rate": fps})
+        return stage_outputs(video_latent, audio_latent, video, audio, fps)
 
 
 def _check_prompts(guider, batch: int, where: str) -> None:

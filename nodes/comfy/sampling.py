@@ -51,13 +51,23 @@ GUIDES_INPUT = ("LTX25_GUIDES", {"tooltip": "Optional: images, keyframes, audio 
                                  "from the output."})
 
 
-def check_stage_latents(video, audio, fps: float, guides, where: str):
-    """The stage's latents against each other and against `guides` (LTX25_GUIDES or None), checked before the model
-    loads → (the resolved guides or None, the video shape the DiT sees: with the appended guide frames)."""
+def stage_latents(video_latent, audio_latent, frame_rate: float, guides, where: str):
+    """A sampler's latent inputs, read and checked against each other and against `guides` (LTX25_GUIDES or None)
+    before the model loads → (fps: the latent's, else `frame_rate`; the video and audio latents; the resolved guides
+    or None; the video shape the DiT sees: with the appended guide frames)."""
+    fps = latents.frame_rate(video_latent, f"{where}.video_latent", default=frame_rate)
+    video = latents.unbind_av(video_latent["samples"], latents.VIDEO_STREAM, f"{where}.video_latent")
+    audio = latents.unbind_av(audio_latent["samples"], latents.AUDIO_STREAM, f"{where}.audio_latent")
     offsets = (guides.video_offset, guides.audio_offset) if isinstance(guides, ltx_guides.Guides) else (0, 0)
     latents.check_latent_pair(video, audio, fps, where, offsets)
     held = ltx_guides.resolve(guides, video, audio, fps, f"{where}.guides")
-    return held, (video.shape if held is None else held.video_clean.shape)
+    return fps, video, audio, held, (video.shape if held is None else held.video_clean.shape)
+
+
+def stage_outputs(video_latent: dict, audio_latent: dict, video, audio, fps: float) -> tuple[dict, dict]:
+    """A sampler's two LATENT outputs: the inputs' other keys kept, the frame rate used carried on both."""
+    return ({**video_latent, "samples": video, "frame_rate": fps},
+            {**audio_latent, "samples": audio, "type": "audio", "frame_rate": fps})
 
 
 def per_token(held) -> dict:
@@ -146,10 +156,8 @@ class LTX25DistilledSampler:
                acceleration="auto", frame_rate=DEFAULT_FRAME_RATE, noise_layout="comfy", guides=None):
         sampling.check_cfg(cfg, model.info.name, "LTX25DistilledSampler.cfg")
         sampling.check_noise_layout(noise_layout, "LTX25DistilledSampler.noise_layout")
-        fps = latents.frame_rate(video_latent, "LTX25DistilledSampler.video_latent", default=frame_rate)
-        video = latents.unbind_av(video_latent["samples"], latents.VIDEO_STREAM, "LTX25DistilledSampler.video_latent")
-        audio = latents.unbind_av(audio_latent["samples"], latents.AUDIO_STREAM, "LTX25DistilledSampler.audio_latent")
-        held, dit_shape = check_stage_latents(video, audio, fps, guides, "LTX25DistilledSampler")
+        fps, video, audio, held, dit_shape = stage_latents(video_latent, audio_latent, frame_rate, guides,
+                                                           "LTX25DistilledSampler")
         _check_prompt_count(conditioning, video.shape[0])
         schedule = sampling.parse_sigmas(sigmas or "", "LTX25DistilledSampler.sigmas") or \
             sampling.default_sigmas(int(stage))
@@ -165,8 +173,7 @@ class LTX25DistilledSampler:
                 guides=held, notify=bridge.show_on_node)
         finally:
             bridge.empty_cache()  # the step activations; also on interrupt, so nothing is left half-used
-        return ({**video_latent, "samples": video, "frame_rate": fps},
-                {**audio_latent, "samples": audio, "type": "audio", "frame_rate": fps})
+        return stage_outputs(video_latent, audio_latent, video, audio, fps)
 
 
 class LTX25LatentUpsample:
