@@ -5,16 +5,13 @@ Extension gives the requested length; bad inputs are named by node and field."""
 from __future__ import annotations
 
 import sys
-import types
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from nodes.comfy import bridge
+from guide_helpers import randn, stand_in_model
 from nodes.comfy import encode as encode_nodes
 from nodes.comfy import guides as nodes
-from nodes.comfy.handles import Loaded
 from nodes.comfy.sampling import LTX25DistilledSampler
 from nodes.ltx.decode.tiling import TilingRequest
 from nodes.ltx.dit import guides as G
@@ -40,32 +37,15 @@ def audio_encoder(tiny_models):
     return encode_nodes.LTX25AudioEncoderLoader().load(NAME["audio_vae"], "fp32")[0]
 
 
-class FakeModel(torch.nn.Module):
-    """Stands in for the DiT: a fixed function of its input, so held values are the only exact ones."""
-    def __init__(self):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.zeros(1))
-        self.model_version = "2.5.0"
-
-    def denoise(self, model, video, audio, sigma, cond, fps, guided=None):
-        return 0.5 * torch.tanh(video.float()), 0.7 * torch.sin(audio.float())
-
-
 @pytest.fixture
 def model(monkeypatch):
-    fake = FakeModel()
-    monkeypatch.setitem(sys.modules, "nodes.ltx.dit.transformer", types.SimpleNamespace(denoise=fake.denoise))
-    return Loaded(fake, bridge.make_patcher(fake), SimpleNamespace(name="ltx-2.5-22b-distilled.safetensors"))
+    return stand_in_model(monkeypatch)
 
 
 def _image(height: int, width: int, seed: int = 0) -> torch.Tensor:
     y, x = torch.meshgrid(torch.linspace(0, 1, height), torch.linspace(0, 1, width), indexing="ij")
     grain = torch.randn(height, width, 3, generator=torch.Generator().manual_seed(seed)) * 0.05
     return ((torch.stack([x, y, (x + y) / 2], -1) + grain).clamp(0, 1)[None] * 255).round() / 255
-
-
-def _randn(shape, seed):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
 def sample(model, video, audio, guides, stage="1"):
@@ -200,7 +180,7 @@ def test_a_batch_of_nine_frames_is_held_from_the_frame_index_on_in_both_stages(m
 def test_audio_guide_holds_the_audio_bit_for_bit_through_both_stages(model, audio_encoder):
     """Audio-to-video: the frames output is the fewest 8k+1 frames whose clip holds the audio; stage 1 then stage 2
     (fed stage 1's audio, as the templates do) return the encoded audio exactly."""
-    waveform = _randn((1, 2, 16000), 1) * 0.3  # one second at 16 kHz → 26 latents
+    waveform = randn((1, 2, 16000), 1) * 0.3  # one second at 16 kHz → 26 latents
     audio = {"waveform": waveform, "sample_rate": 16000}
     guides, frames = nodes.LTX25AudioGuide().guide(audio, audio_encoder, FPS, 1.0)
     latent = encode_nodes.LTX25EncodeAudio().encode(audio_encoder, audio)[0]["samples"]
@@ -218,7 +198,7 @@ def test_extend_holds_the_overlap_and_join_has_the_requested_length(model):
     """Extend Clip by 16 frames with overlap 2: the sampled window starts with the source's last two latent frames
     bit for bit; Join Extension gives 17 + 16 = 33 frames (5 latent frames, the source's first) and the joined
     clip's audio length, starting with the source's audio."""
-    source_v, source_a = _randn(STAGE1, 1), _randn(AUDIO, 2)
+    source_v, source_a = randn(STAGE1, 1), randn(AUDIO, 2)
     video_in, audio_in = {"samples": source_v, "frame_rate": FPS}, {"samples": source_a, "type": "audio"}
     window_v, window_a, guides = nodes.LTX25ExtendClip().extend(video_in, audio_in, 16, 2, 1.0)
     assert window_v["samples"].shape == (1, 128, 4, 2, 2)
@@ -232,7 +212,7 @@ def test_extend_holds_the_overlap_and_join_has_the_requested_length(model):
 
 
 def _bad_audio(audio_encoder):
-    return nodes.LTX25AudioGuide().guide({"waveform": _randn((1, 2, 16000), 1) * 0.3, "sample_rate": 16000},
+    return nodes.LTX25AudioGuide().guide({"waveform": randn((1, 2, 16000), 1) * 0.3, "sample_rate": 16000},
                                          audio_encoder, FPS, 1.0)[0]
 
 

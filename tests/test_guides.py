@@ -5,15 +5,10 @@ keyframe positions, extend's held overlap and join, the graph path's inputs, the
 Random latents stand in for encoded images and audio; the tiny transformer runs in float32 on the CPU."""
 from __future__ import annotations
 
-import sys
-import types
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from nodes.comfy import bridge
-from nodes.comfy.handles import Loaded
+from guide_helpers import dit_inputs, randn, stand_in_model
 from nodes.comfy.sampling import LTX25DistilledSampler
 from nodes.ltx.conditioning import Conditioning
 from nodes.ltx.dit import accelerated_denoise as A
@@ -32,10 +27,6 @@ VIDEO, AUDIO = (1, 128, 3, 2, 2), (1, 8, 18, 16)   # 17 frames at 24 fps; stage 
 STAGE1_SIGMAS, STAGE2_SIGMAS = (1.0, 0.6, 0.0), sampling.STAGE2_SIGMAS
 
 
-def _randn(shape, seed):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
-
-
 def _cond() -> Conditioning:
     g = torch.Generator().manual_seed(7)
     return Conditioning(torch.randn(1, 1024, TINY_DIMS["video_inner"], generator=g),
@@ -45,20 +36,14 @@ def _cond() -> Conditioning:
 def image(seed):
     """A provider: a one-frame 'encoded image' made for whatever grid the stage asks for (as an encoder would)."""
     def make(grid: G.StageGrid) -> torch.Tensor:
-        return _randn((1, 128, 1, grid.height, grid.width), seed * 1000 + grid.height)
+        return randn((1, 128, 1, grid.height, grid.width), seed * 1000 + grid.height)
     return make
 
 
 @pytest.fixture
 def spy(transformer):
-    """Every DiT forward's keyword inputs, recorded by a forward pre-hook (the model itself still runs)."""
-    calls = []
-
-    def record(_module, _args, kwargs):
-        calls.append({k: v.detach().clone() for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
-    handle = transformer.dit.register_forward_pre_hook(record, with_kwargs=True)
-    yield calls
-    handle.remove()
+    with dit_inputs(transformer) as calls:
+        yield calls
 
 
 def run(model, video, audio, guides, stage, sigmas, sampler="auto", seed=5, **kw):
@@ -75,7 +60,7 @@ def test_frame_to_latent_index_has_the_causal_first_frame_and_reaches_the_last_f
     assert [G.latent_span(k) for k in (0, 1, 2, 15)] == [(0, 0), (1, 8), (9, 16), (113, 120)]
     video, audio = torch.zeros(VIDEO), torch.zeros(AUDIO)
     for frame, index in ((-1, 2), (16, 2), (1, 1), (8, 1), (9, 2), (0, 0)):
-        latent = _randn((1, 128, 1, 2, 2), 1)
+        latent = randn((1, 128, 1, 2, 2), 1)
         held = G.resolve(G.Guides((G.VideoGuide(latent, frame, 1.0, "replace"),)), video, audio, FPS)
         assert torch.equal(held.video_clean[:, :, index], latent[:, :, 0]), (frame, index)
         assert held.video_mask[0, 0, :, 0, 0].tolist() == [0.0 if k == index else 1.0 for k in range(3)], frame
@@ -126,7 +111,7 @@ def test_strength_zero_is_the_unconditioned_stage_bit_for_bit(transformer):
     video, audio = torch.zeros(VIDEO), torch.zeros(AUDIO)
     plain = run(transformer, video, audio, None, 1, STAGE1_SIGMAS)
     zero = run(transformer, video, audio, G.Guides((G.VideoGuide(image(1), 0, 0.0),),
-                                                   (G.AudioGuide(_randn((1, 8, 5, 16), 2), 3, 0.0),)), 1,
+                                                   (G.AudioGuide(randn((1, 8, 5, 16), 2), 3, 0.0),)), 1,
                STAGE1_SIGMAS)
     assert all(torch.equal(a, b) for a, b in zip(plain, zero))
 
@@ -148,7 +133,7 @@ def test_audio_to_video_holds_the_audio_bit_for_bit_with_its_sigma_at_zero(trans
     """The whole audio latent held (a2v): stage 1 and stage 2 return exactly the given audio; every forward gets
     audio timesteps 0 and the audio stream's σ 0 (its prompt AdaLN and the video's AV gate), as the reference's
     frozen stream; the video still sees σ. Fails if the held audio is blended away or the stream is not frozen."""
-    given = _randn(AUDIO, 3)
+    given = randn(AUDIO, 3)
     guides = G.Guides(audio=(G.AudioGuide(given),))
     video = torch.zeros(VIDEO)
     for stage, sigmas in ((1, STAGE1_SIGMAS), (2, (0.909375, 0.421875, 0.0))):
@@ -172,7 +157,7 @@ def test_av_cross_attention_scale_shift_takes_own_timesteps_and_the_gate_the_oth
     handles = [getattr(transformer.dit, name).emb.register_forward_pre_hook(
         lambda m, args, name=name: seen.setdefault(name, args[0].clone())) for name in names]
     try:
-        guides = G.Guides((G.VideoGuide(image(1), 0),), (G.AudioGuide(_randn(AUDIO, 3)),))
+        guides = G.Guides((G.VideoGuide(image(1), 0),), (G.AudioGuide(randn(AUDIO, 3)),))
         video, audio = torch.randn(VIDEO), torch.randn(AUDIO)
         held = G.resolve(guides, video, audio, FPS)
         T.denoise(transformer, video, audio, 0.5, _cond(), FPS, guided=held)
@@ -194,9 +179,9 @@ def test_the_loop_blends_every_x0_with_the_clean_values(sampler):
     0.25 and audio at 0.5), and the strength-1 frame enters every forward at its clean value (also after the
     ancestral re-noise). Fails if the x0 blend or the ancestral re-blend goes."""
     video, audio = torch.zeros(VIDEO), torch.zeros(AUDIO)
-    guides = G.Guides((G.VideoGuide(_randn((1, 128, 1, 2, 2), 1), 0), G.VideoGuide(_randn((1, 128, 1, 2, 2), 2), 1,
+    guides = G.Guides((G.VideoGuide(randn((1, 128, 1, 2, 2), 1), 0), G.VideoGuide(randn((1, 128, 1, 2, 2), 2), 1,
                                                                                      0.25, "replace")),
-                      (G.AudioGuide(_randn((1, 8, 6, 16), 3), 2, 0.5),))
+                      (G.AudioGuide(randn((1, 8, 6, 16), 3), 2, 0.5),))
     held = G.resolve(guides, video, audio, FPS)
     calls = []
 
@@ -218,7 +203,7 @@ def test_the_loop_blends_every_x0_with_the_clean_values(sampler):
 def test_x0_is_the_latent_minus_velocity_times_each_tokens_timestep(transformer):
     """The reference's X0Model per token: x0 = x − v·σ·mask, so a held token's x0 is its latent bit for bit and a
     token at strength 0.25 moves by 3/4 of σ. Fails if x0 uses σ for every token."""
-    video, audio = _randn(VIDEO, 1), _randn(AUDIO, 2)
+    video, audio = randn(VIDEO, 1), randn(AUDIO, 2)
     guides = G.Guides((G.VideoGuide(image(1), 0), G.VideoGuide(image(2), 1, 0.25, "replace")))
     held = G.resolve(guides, video, audio, FPS)
     x0_video, x0_audio = T.denoise(transformer, video, audio, 0.5, _cond(), FPS, guided=held)
@@ -267,7 +252,7 @@ def test_extend_holds_the_overlap_bit_for_bit_and_joins_without_a_seam(transform
     audio up to the source's end equal the source's bit for bit; its tokens sit at the joined clip's positions
     (no causal first frame, no keyframe mark); the joined latents are the source followed by the window's new
     frames, of a 33-frame clip's lengths. Fails if the offsets are dropped from the positions or the hold goes."""
-    source_video, source_audio = _randn(VIDEO, 11), _randn(AUDIO, 12)
+    source_video, source_audio = randn(VIDEO, 11), randn(AUDIO, 12)
     plan = extend.plan_extension(VIDEO, AUDIO, FPS, new_frames=16, overlap=2)
     assert (plan.video_offset, plan.audio_offset, plan.window_frames, plan.window_audio) == (1, 1, 4, 33)
     guides = extend.extension_guides(source_video, source_audio, plan)
@@ -313,7 +298,7 @@ def test_graph_path_takes_timesteps_and_positions_as_inputs(transformer, recorde
     guide at another frame (same shapes) and another σ replays the first capture and still gives the eager guided
     x0 bit for bit. Fails if the timesteps or the grid are baked into the capture."""
     A.release(transformer)
-    video, audio = _randn(VIDEO, 1), _randn(AUDIO, 2)
+    video, audio = randn(VIDEO, 1), randn(AUDIO, 2)
     for frame, sigma in ((16, 0.8), (9, 0.5)):
         held = G.resolve(G.Guides((G.VideoGuide(image(1), 0), G.VideoGuide(image(2), frame))), video, audio, FPS)
         extended = held.extend(video)
@@ -333,7 +318,7 @@ def test_guided_sampler_holds_guides_in_every_pass(transformer, sampler, recorde
     cond, neg = _cond(), Conditioning(_cond().video * 0.5, _cond().audio * 0.5)
     guider = guidance.Guidance(cond, neg, guidance.ModalityGuidance(3.0, 1.0, (1,), 0.7, 3.0),
                                guidance.ModalityGuidance(7.0, 1.0, (1,), 0.7, 3.0))
-    given = _randn(AUDIO, 4)
+    given = randn(AUDIO, 4)
     guides = G.Guides((G.VideoGuide(image(1), 0), G.VideoGuide(image(2), -1)), (G.AudioGuide(given),))
 
     def sample():
@@ -359,22 +344,9 @@ def test_guided_sampler_holds_guides_in_every_pass(transformer, sampler, recorde
 
 
 # ---------------------------------------------------------------------------------------------------- the node
-class FakeModel(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.zeros(1))
-        self.model_version, self.calls = "2.5.0", []
-
-    def denoise(self, model, video, audio, sigma, cond, fps, guided=None):
-        self.calls.append((video.shape, guided))
-        return 0.5 * torch.tanh(video.float()), 0.7 * torch.sin(audio.float())
-
-
 @pytest.fixture
 def fake(monkeypatch):
-    model = FakeModel()
-    monkeypatch.setitem(sys.modules, "nodes.ltx.dit.transformer", types.SimpleNamespace(denoise=model.denoise))
-    return Loaded(model, bridge.make_patcher(model), SimpleNamespace(name="ltx-2.5-22b-distilled.safetensors"))
+    return stand_in_model(monkeypatch)
 
 
 def node_latents():
@@ -384,7 +356,7 @@ def node_latents():
 def test_sampler_node_takes_guides_and_returns_the_clip_shapes(fake):
     """LTX-2.5 Distilled Sampler's optional `guides`: the denoiser gets the latent with the appended frame and the
     resolved stage; the outputs have the input shapes and carry the frame rate."""
-    guides = G.Guides((G.VideoGuide(_randn((1, 128, 1, 2, 2), 1), 0), G.VideoGuide(_randn((1, 128, 1, 2, 2), 2), -1)))
+    guides = G.Guides((G.VideoGuide(randn((1, 128, 1, 2, 2), 1), 0), G.VideoGuide(randn((1, 128, 1, 2, 2), 2), -1)))
     out_v, out_a = LTX25DistilledSampler().sample(fake, None, *node_latents(), 1, "1", "auto", guides=guides)
     assert out_v["samples"].shape == VIDEO and out_a["samples"].shape == AUDIO and out_v["frame_rate"] == FPS
     assert [shape for shape, _ in fake.module.calls] == [torch.Size((1, 128, 4, 2, 2))] * 8  # 8 stage-1 steps
@@ -392,18 +364,18 @@ def test_sampler_node_takes_guides_and_returns_the_clip_shapes(fake):
 
 
 BAD = [
-    (G.Guides((G.VideoGuide(_randn((1, 128, 1, 2, 2), 1), 17),)), "video guide 1's frame index is 17"),
-    (G.Guides((G.VideoGuide(_randn((1, 128, 1, 2, 2), 1), -18),)), "video guide 1's frame index is -18"),
-    (G.Guides((G.VideoGuide(_randn((1, 128, 1, 2, 2), 1), 0, 1.5),)), "video guide 1's strength is 1.5"),
-    (G.Guides((G.VideoGuide(_randn((1, 128, 1, 2, 2), 1), 0, -0.1),)), "video guide 1's strength is -0.1"),
-    (G.Guides(audio=(G.AudioGuide(_randn(AUDIO, 1), 0, 2.0),)), "audio guide 1's strength is 2.0"),
-    (G.Guides((G.VideoGuide(_randn((1, 128, 1, 4, 4), 1), 0),)), r"video guide 1's latent H', W' is \(4, 4\)"),
-    (G.Guides((G.VideoGuide(_randn((1, 128, 1, 2, 3), 1), 0),)), r"video guide 1's latent H', W' is \(2, 3\)"),
-    (G.Guides((G.VideoGuide(image(1), 9), G.VideoGuide(_randn((1, 128, 2, 2, 2), 1), 9, 1.0, "replace"))),
+    (G.Guides((G.VideoGuide(randn((1, 128, 1, 2, 2), 1), 17),)), "video guide 1's frame index is 17"),
+    (G.Guides((G.VideoGuide(randn((1, 128, 1, 2, 2), 1), -18),)), "video guide 1's frame index is -18"),
+    (G.Guides((G.VideoGuide(randn((1, 128, 1, 2, 2), 1), 0, 1.5),)), "video guide 1's strength is 1.5"),
+    (G.Guides((G.VideoGuide(randn((1, 128, 1, 2, 2), 1), 0, -0.1),)), "video guide 1's strength is -0.1"),
+    (G.Guides(audio=(G.AudioGuide(randn(AUDIO, 1), 0, 2.0),)), "audio guide 1's strength is 2.0"),
+    (G.Guides((G.VideoGuide(randn((1, 128, 1, 4, 4), 1), 0),)), r"video guide 1's latent H', W' is \(4, 4\)"),
+    (G.Guides((G.VideoGuide(randn((1, 128, 1, 2, 3), 1), 0),)), r"video guide 1's latent H', W' is \(2, 3\)"),
+    (G.Guides((G.VideoGuide(image(1), 9), G.VideoGuide(randn((1, 128, 2, 2, 2), 1), 9, 1.0, "replace"))),
      "video guide 2 .* past the clip's 3 latent frames"),
-    (G.Guides(audio=(G.AudioGuide(_randn((1, 8, 19, 16), 1)),)), r"audio guide 1 \(19 latents.*longer than the clip"),
-    (G.Guides(audio=(G.AudioGuide(_randn((1, 8, 10, 16), 1), 10),)), "longer than the clip"),
-    (G.Guides((G.VideoGuide(_randn((1, 128, 1, 2, 2), 1), 0, 1.0, "insert"),)), "video guide 1's mode"),
+    (G.Guides(audio=(G.AudioGuide(randn((1, 8, 19, 16), 1)),)), r"audio guide 1 \(19 latents.*longer than the clip"),
+    (G.Guides(audio=(G.AudioGuide(randn((1, 8, 10, 16), 1), 10),)), "longer than the clip"),
+    (G.Guides((G.VideoGuide(randn((1, 128, 1, 2, 2), 1), 0, 1.0, "insert"),)), "video guide 1's mode"),
     ("an image", "the value is str"),
 ]
 

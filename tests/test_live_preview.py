@@ -92,19 +92,11 @@ def test_step_callback_sends_previews_through_comfyui_progress_bar(monkeypatch):
     assert FakeProgressBar.updates == [(1, 3, ("JPEG", VIDEO, 512)), (2, 3, None), (3, 3, ("JPEG", VIDEO, 512))]
 
 
-def test_sampler_node_hands_each_steps_x0_to_a_preview_callback(monkeypatch):
-    """The sampler node asks the bridge for a preview callback and feeds it every step's x0 video latent of the
-    sampled shape (8 steps at stage 1); its outputs equal a run whose callback takes no x0."""
-    video, audio = LTX25EmptyLatent().make(64, 64, 9, 24.0, 1, True)
-    model = SimpleNamespace(info=SimpleNamespace(name="ltx-2.5-distilled.safetensors"), module=torch.nn.Linear(1, 1),
-                            ready=lambda memory: model.module)
-    model.module.model_version = "2.5"
-
-    def denoise(module, v, a, sigma, cond, fps):
-        return fake_denoise(v, a, sigma)
-
-    real_sample, real_callback, calls = sampling.sample_distilled, bridge.step_callback, []
-    monkeypatch.setattr(sampling, "sample_distilled", lambda *a, **k: real_sample(*a, **k, denoise=denoise))
+@pytest.fixture
+def step_calls(monkeypatch) -> list:
+    """Each step callback the nodes ask the bridge for, recorded per step: (the options asked with, done, total, the
+    x0 video's shape or None); the real callback still runs."""
+    real_callback, calls = bridge.step_callback, []
 
     def spy(total, label="ltx25", **options):
         inner = real_callback(total, label, **options)
@@ -115,6 +107,23 @@ def test_sampler_node_hands_each_steps_x0_to_a_preview_callback(monkeypatch):
         return on_step
 
     monkeypatch.setattr(bridge, "step_callback", spy)
+    return calls
+
+
+def test_sampler_node_hands_each_steps_x0_to_a_preview_callback(monkeypatch, step_calls):
+    """The sampler node asks the bridge for a preview callback and feeds it every step's x0 video latent of the
+    sampled shape (8 steps at stage 1); its outputs equal a run whose callback takes no x0."""
+    video, audio = LTX25EmptyLatent().make(64, 64, 9, 24.0, 1, True)
+    model = SimpleNamespace(info=SimpleNamespace(name="ltx-2.5-distilled.safetensors"), module=torch.nn.Linear(1, 1),
+                            ready=lambda memory: model.module)
+    model.module.model_version = "2.5"
+
+    def denoise(module, v, a, sigma, cond, fps):
+        return fake_denoise(v, a, sigma)
+
+    real_sample, calls = sampling.sample_distilled, step_calls
+    monkeypatch.setattr(sampling, "sample_distilled", lambda *a, **k: real_sample(*a, **k, denoise=denoise))
+
     out = LTX25DistilledSampler().sample(model, None, video, audio, 2, "1", "auto")
     shape = tuple(video["samples"].shape)
     assert calls == [({"preview_latent": True}, i, 8, shape) for i in range(1, 9)]
@@ -153,7 +162,7 @@ def test_res2s_on_x0_gets_each_steps_latest_x0_and_outputs_are_unchanged():
 
 
 @pytest.mark.parametrize("sampler, reports", [("euler", 3), ("res_2s", 4)])
-def test_guided_sampler_node_hands_each_steps_x0_to_a_preview_callback(monkeypatch, sampler, reports):
+def test_guided_sampler_node_hands_each_steps_x0_to_a_preview_callback(monkeypatch, step_calls, sampler, reports):
     """The guided sampler node asks the bridge for a preview callback and feeds it each step's guided x0 video of
     the sampled shape (res_2s: its final x0 too, matching its progress total); outputs equal the engine's own run."""
     from nodes.comfy.guidance import LTX25GuidedSampler
@@ -162,18 +171,9 @@ def test_guided_sampler_node_hands_each_steps_x0_to_a_preview_callback(monkeypat
     video, audio = LTX25EmptyLatent().make(64, 64, 9, 24.0, 1, True)
     model = SimpleNamespace(info=SimpleNamespace(name="ltx-2.5-dev.safetensors"), module=torch.nn.Linear(1, 1),
                             ready=lambda memory: model.module)
-    real_sample, real_callback, calls = dev_sampling.sample_guided, bridge.step_callback, []
+    real_sample, calls = dev_sampling.sample_guided, step_calls
     monkeypatch.setattr(dev_sampling, "sample_guided", lambda *a, **k: real_sample(*a, **k, denoise=fake_denoise))
 
-    def spy(total, label="ltx25", **options):
-        inner = real_callback(total, label, **options)
-
-        def on_step(done, total_now, *x0):
-            calls.append((options, done, total_now, tuple(x0[0].shape) if x0 else None))
-            inner(done, total_now, *x0)
-        return on_step
-
-    monkeypatch.setattr(bridge, "step_callback", spy)
     guider = Guidance(SimpleNamespace(video=torch.zeros(1, 4, 8)))
     out = LTX25GuidedSampler().sample(model, guider, video, audio, 2, 3, sampler, "4096 tokens", "1", "sequential",
                                       "auto")

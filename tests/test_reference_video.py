@@ -4,13 +4,12 @@ timestep 0 in every forward and cropped from the outputs (a spy on the tiny DiT'
 size and frames output, and its refusals."""
 from __future__ import annotations
 
-import sys
-import types
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from guide_helpers import dit_inputs, randn, stand_in_model
 from nodes.comfy import bridge
 from nodes.comfy import encode as encode_nodes
 from nodes.comfy.handles import Loaded
@@ -32,10 +31,6 @@ FPS = 24.0
 VIDEO, AUDIO = (1, 128, 3, 2, 2), (1, 8, 18, 16)  # 17 frames at 24 fps, 64×64 px
 SIGMAS = (1.0, 0.6, 0.0)
 NODE = "LTX25ReferenceVideoGuide"
-
-
-def _randn(shape, seed):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
 def _cond() -> Conditioning:
@@ -76,13 +71,8 @@ def test_a_reference_at_scale_one_sits_on_the_clips_own_positions():
 # ---------------------------------------------------------------------------------------------------- sampling
 @pytest.fixture
 def spy(transformer):
-    calls = []
-
-    def record(_module, _args, kwargs):
-        calls.append({k: v.detach().clone() for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
-    handle = transformer.dit.register_forward_pre_hook(record, with_kwargs=True)
-    yield calls
-    handle.remove()
+    with dit_inputs(transformer) as calls:
+        yield calls
 
 
 @pytest.mark.parametrize("sampler", ["euler", "euler_ancestral"])
@@ -92,7 +82,7 @@ def test_reference_tokens_enter_every_forward_clean_at_their_positions_and_leave
     keyframes, at `reference_position_bounds`; the output has the clip's shape and differs from the run without the
     reference (the clip attends to it). Fails if the tokens are not held (the blend or the ancestral re-blend), not
     cropped, or placed at unscaled positions."""
-    reference = _randn((1, 128, 2, 1, 1), 3)
+    reference = randn((1, 128, 2, 1, 1), 3)
     guides = G.Guides(reference=(G.ReferenceGuide(reference, 1.0, spatial=2, temporal=2),))
     held = G.resolve(guides, torch.zeros(VIDEO), torch.zeros(AUDIO), FPS)
     assert held.flat and held.video_clean.shape == (1, 128, 1, 1, 14) and held.appended_tokens == 2
@@ -114,7 +104,7 @@ def test_reference_tokens_enter_every_forward_clean_at_their_positions_and_leave
 
 def test_reference_strength_sets_its_tokens_timestep(transformer, spy):
     """At strength 0.25 the reference tokens are denoised at σ·0.75 (mask 1 − strength), the clip's at σ."""
-    guides = G.Guides(reference=(G.ReferenceGuide(_randn((1, 128, 2, 1, 1), 3), 0.25, 2, 2),))
+    guides = G.Guides(reference=(G.ReferenceGuide(randn((1, 128, 2, 1, 1), 3), 0.25, 2, 2),))
     run(transformer, guides)
     for call, sigma in zip(spy, SIGMAS):
         t = call["timestep"][0] / 1000
@@ -125,8 +115,8 @@ def test_reference_strength_sets_its_tokens_timestep(transformer, spy):
 def test_a_same_size_reference_joins_a_keyframe_guide_in_the_frame_layout(transformer):
     """At scale 1 the reference is appended like a guide frame (the stage keeps its [B, C, F+K, H', W'] layout, after
     an appended keyframe), and the output is cropped to the clip."""
-    guides = G.Guides(video=(G.VideoGuide(_randn((1, 128, 1, 2, 2), 1), -1),),
-                      reference=(G.ReferenceGuide(_randn((1, 128, 3, 2, 2), 2)),))
+    guides = G.Guides(video=(G.VideoGuide(randn((1, 128, 1, 2, 2), 1), -1),),
+                      reference=(G.ReferenceGuide(randn((1, 128, 3, 2, 2), 2)),))
     held = G.resolve(guides, torch.zeros(VIDEO), torch.zeros(AUDIO), FPS)
     assert not held.flat and held.video_clean.shape == (1, 128, 7, 2, 2)
     assert torch.equal(held.grid.video_coords[:, :, 16:], G.reference_position_bounds(1, 3, 2, 2, FPS))
@@ -135,9 +125,9 @@ def test_a_same_size_reference_joins_a_keyframe_guide_in_the_frame_layout(transf
 
 def test_extend_then_crop_gives_the_clip_back_in_the_token_row_layout():
     """The flat layout's slots come after the clip's tokens, and cropping restores the clip bit for bit."""
-    guides = G.Guides(reference=(G.ReferenceGuide(_randn((1, 128, 1, 1, 1), 3), 1.0, 2, 1),))
+    guides = G.Guides(reference=(G.ReferenceGuide(randn((1, 128, 1, 1, 1), 3), 1.0, 2, 1),))
     held = G.resolve(guides, torch.zeros(VIDEO), torch.zeros(AUDIO), FPS)
-    clip = _randn(VIDEO, 4)
+    clip = randn(VIDEO, 4)
     extended = held.extend(clip)
     assert extended.shape == held.video_clean.shape and torch.equal(held.crop(extended), clip)
     assert torch.equal(patchify_video(extended)[:, :12], patchify_video(clip))
@@ -174,22 +164,9 @@ def test_node_thins_fits_and_encodes_the_frames_the_clip_uses(video_encoder):
     assert latent.shape == (1, 128, 2, 1, 1) and torch.allclose(latent, want, atol=1e-5), (latent - want).abs().max()
 
 
-class FakeModel(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.zeros(1))
-        self.model_version = "2.5.0"
-
-    def denoise(self, model, video, audio, sigma, cond, fps, guided=None):
-        return 0.5 * torch.tanh(video.float()), 0.7 * torch.sin(audio.float())
-
-
 @pytest.fixture
 def fake(monkeypatch):
-    model = FakeModel()
-    monkeypatch.setitem(sys.modules, "nodes.ltx.dit.transformer", types.SimpleNamespace(denoise=model.denoise))
-    return Loaded(model, bridge.make_patcher(model), SimpleNamespace(name="ltx-2.5-22b-distilled.safetensors"),
-                  ReferenceScales(2, 1), ("ic.safetensors",))
+    return stand_in_model(monkeypatch, ReferenceScales(2, 1), ("ic.safetensors",))
 
 
 @pytest.mark.parametrize("make, where", [
