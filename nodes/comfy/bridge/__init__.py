@@ -15,6 +15,10 @@ output folders. Its modules, one purpose each:
       standalone.py    headless placement and eviction
     low_rank.py      LoRAs: factors applied on the fly, weight patches
     folders.py       model, output, temp and user folders
+
+The names here are the submodules' own objects: replacing one here (a test's monkeypatch) changes what node code
+calls through `bridge.`, not what the bridge's modules call among themselves; a test faking ComfyUI or a bridge
+internal patches the submodule that reads the name (`bridge.progress.HAS_COMFY`, `bridge.devices.memory_limit`).
 """
 from __future__ import annotations
 
