@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from . import bridge
 from .decode_tiling import tiling_inputs
-from .loaders import dtype_input, file_input, load_registered
+from .loaders import CATEGORY as LOADERS, dtype_input, file_input, load_registered
 from ..ltx.decode.tiling import TilingRequest
 from ..ltx.errors import LTX25Error
 from ..ltx.files.assets import Kind
 
-LOADERS, ENCODE = "LTX-2.5/loaders", "LTX-2.5/encode"
+ENCODE = "LTX-2.5/encode"
 VIDEO_NODE, AUDIO_NODE = "LTX25EncodeVideo", "LTX25EncodeAudio"
 AUTO_CRF = -1
 # the reference's tiled encode: 768 px tiles with 64 px overlap, 80-frame tiles with 24 frames overlap
