@@ -22,7 +22,8 @@ GUIDES_OUT = ("LTX25_GUIDES",)
 CHAIN_INPUT = ("LTX25_GUIDES", {"tooltip": "Optional: guides to add these to (chain several guide nodes)."})
 
 
-def _chain(own, guides):
+def chain_guides(own, guides):
+    """`own` added after the chained `guides` (None: just `own`); anything else on the chain input is refused."""
     from ..ltx.dit.guides import Guides
     if guides is None:
         return own
@@ -32,11 +33,23 @@ def _chain(own, guides):
     return guides + own
 
 
-def _strength(value: float, where: str) -> float:
+def check_strength(value: float, where: str) -> float:
+    """A guide's strength as a float in [0, 1], or an error naming `where`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
                                                                              and 0.0 <= value <= 1.0):
         raise LTX25Error(where, "strength", value, "in [0, 1] (1: held exactly, 0: no conditioning)")
     return float(value)
+
+
+def encode_frames(encoder, frames, where: str):
+    """Fitted frames `[N, H, W, 3]` → their latent through the video encoder handle, asking model management for
+    the encode's working memory and tiling only when the untiled encode would not fit (docs/MODEL.md §17.2)."""
+    from ..ltx.decode.tiling import TilingRequest
+    from ..ltx.encode.video_encoder import encode_video, working_memory
+    pixels, request = frames.unsqueeze(0), TilingRequest("auto")  # [1, N, H, W, 3]
+    module = encoder.ready(working_memory(encoder.module, tuple(pixels.shape), request))
+    return encode_video(module, pixels, request, bridge.free_device_memory(), where=where,
+                        check=bridge.check_interrupt)
 
 
 class ImageProvider:
@@ -50,9 +63,7 @@ class ImageProvider:
         self.calls: list[tuple[int, int]] = []  # the sizes asked for, in order (what tests and notes read)
 
     def __call__(self, grid):
-        from ..ltx.decode.tiling import TilingRequest
         from ..ltx.encode.image_prep import resize_crop
-        from ..ltx.encode.video_encoder import encode_video, working_memory
         first, last = grid.first_frame, grid.last_frame
         count = self.image.shape[0]
         frame = last + 1 + self.frame_index if self.frame_index < 0 else self.frame_index
@@ -67,11 +78,8 @@ class ImageProvider:
         size = (grid.pixel_width, grid.pixel_height)
         self.calls.append(size)
         if size not in self.cache:
-            pixels = resize_crop(self.image, *size, where=IMAGE_NODE).unsqueeze(0)  # [1, N, H, W, 3]
-            request = TilingRequest("auto")
-            module = self.encoder.ready(working_memory(self.encoder.module, tuple(pixels.shape), request))
-            self.cache[size] = encode_video(module, pixels, request, bridge.free_device_memory(), where=IMAGE_NODE,
-                                            check=bridge.check_interrupt)
+            self.cache[size] = encode_frames(self.encoder, resize_crop(self.image, *size, where=IMAGE_NODE),
+                                             IMAGE_NODE)
         return self.cache[size]
 
 
@@ -118,7 +126,7 @@ class LTX25ImageGuide:
                              "input), each with its frame_index.")
         if isinstance(frame_index, bool) or not isinstance(frame_index, int):
             raise LTX25Error(f"{IMAGE_NODE}.frame_index", "frame_index", repr(frame_index), "a whole number")
-        strength = _strength(strength, f"{IMAGE_NODE}.strength")
+        strength = check_strength(strength, f"{IMAGE_NODE}.strength")
         # an image is pre-compressed as the reference pre-compresses image conditionings; a clip's frames are not
         # (as LTX-2.5 Encode Video leaves a clip, and the reference its video conditionings)
         crf = image_crf(video_encoder.module.model_version) if count == 1 else 0
@@ -126,7 +134,7 @@ class LTX25ImageGuide:
         if crf:
             pixels = torch.from_numpy(precompress(pixels.numpy(), crf, IMAGE_NODE))
         provider = ImageProvider(video_encoder, pixels, frame_index)
-        return (_chain(Guides(video=(VideoGuide(provider, frame_index, strength, "auto"),)), guides),)
+        return (chain_guides(Guides(video=(VideoGuide(provider, frame_index, strength, "auto"),)), guides),)
 
 
 def audio_clip_frames(audio_latents: int, fps: float) -> int:
@@ -162,7 +170,7 @@ class LTX25AudioGuide:
     def guide(self, audio, audio_encoder, fps, strength, guides=None):
         from ..ltx.dit.guides import AudioGuide, Guides
         from .encode import LTX25EncodeAudio
-        strength = _strength(strength, f"{AUDIO_NODE}.strength")
+        strength = check_strength(strength, f"{AUDIO_NODE}.strength")
         latent = LTX25EncodeAudio().encode(audio_encoder, audio)[0]["samples"]
         count = latent.shape[2]
 
@@ -176,7 +184,7 @@ class LTX25AudioGuide:
             return latent
 
         own = Guides(audio=(AudioGuide(provider, 0, strength),))
-        return (_chain(own, guides), audio_clip_frames(count, float(fps)))
+        return (chain_guides(own, guides), audio_clip_frames(count, float(fps)))
 
 
 def _source(video_latent, audio_latent, where: str):
@@ -214,7 +222,7 @@ class LTX25ExtendClip:
     def extend(self, video_latent, audio_latent, new_frames, overlap, strength):
         from ..ltx.dit.extend import extension_guides, plan_extension, window_latents
         video, audio, fps = _source(video_latent, audio_latent, EXTEND_NODE)
-        strength = _strength(strength, f"{EXTEND_NODE}.strength")
+        strength = check_strength(strength, f"{EXTEND_NODE}.strength")
         plan = plan_extension(tuple(video.shape), tuple(audio.shape), fps, new_frames, overlap, EXTEND_NODE)
         window_video, window_audio = window_latents(video, audio, plan)
         guides = extension_guides(video, audio, plan, strength)

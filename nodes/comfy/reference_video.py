@@ -7,8 +7,7 @@ stage 1 only, where the IC-LoRA is applied; its stage 2 runs the plain model wit
 """
 from __future__ import annotations
 
-from . import bridge
-from .guides import CATEGORY, CHAIN_INPUT, _chain, _strength
+from .guides import CATEGORY, CHAIN_INPUT, chain_guides, check_strength, encode_frames
 from ..ltx.errors import LTX25Error
 
 NODE = "LTX25ReferenceVideoGuide"
@@ -27,10 +26,8 @@ class ReferenceProvider:
         self.cache: dict[tuple[int, int, int], object] = {}
 
     def __call__(self, grid):
-        from ..ltx.decode.tiling import TilingRequest
         from ..ltx.encode.image_prep import (crop_fraction, reference_clip_frames, reference_frame_indices,
                                              resize_crop)
-        from ..ltx.encode.video_encoder import encode_video, working_memory
         from ..ltx.geometry import TEMPORAL_COMPRESSION, pixel_frames
         count, clip = self.frames.shape[0], pixel_frames(grid.frames)
         picked = reference_frame_indices(count, clip, self.temporal)
@@ -52,11 +49,8 @@ class ReferenceProvider:
                              "crop the video first.")
         key = (width, height, len(picked))
         if key not in self.cache:
-            pixels = resize_crop(self.frames[picked], width, height, where=NODE).unsqueeze(0)  # [1, n, h, w, 3]
-            request = TilingRequest("auto")
-            module = self.encoder.ready(working_memory(self.encoder.module, tuple(pixels.shape), request))
-            self.cache[key] = encode_video(module, pixels, request, bridge.free_device_memory(), where=NODE,
-                                           check=bridge.check_interrupt)
+            self.cache[key] = encode_frames(self.encoder, resize_crop(self.frames[picked], width, height,
+                                                                      where=NODE), NODE)
         return self.cache[key]
 
 
@@ -90,7 +84,7 @@ class LTX25ReferenceVideoGuide:
         from ..ltx.encode.image_prep import reference_clip_frames
         from .encode import check_image
         frames = check_image(images, f"{NODE}.images")
-        strength = _strength(strength, f"{NODE}.strength")
+        strength = check_strength(strength, f"{NODE}.strength")
         if not getattr(model, "loras", ()):
             # A plain LoRA cannot be told from an IC-LoRA trained at scale 1 (neither carries metadata), so any
             # LoRA passes; with none, the base model would only see extra clean tokens it was never trained on.
@@ -100,7 +94,7 @@ class LTX25ReferenceVideoGuide:
         scales = model.reference
         provider = ReferenceProvider(video_encoder, frames.detach().float().cpu(), scales.spatial, scales.temporal)
         own = Guides(reference=(ReferenceGuide(provider, strength, scales.spatial, scales.temporal),))
-        return (_chain(own, guides), reference_clip_frames(frames.shape[0], scales.temporal))
+        return (chain_guides(own, guides), reference_clip_frames(frames.shape[0], scales.temporal))
 
 
 NODE_CLASS_MAPPINGS = {NODE: LTX25ReferenceVideoGuide}
