@@ -304,6 +304,23 @@ def _table(cold: dict, warm: dict) -> str:
     return "\n".join(lines)
 
 
+def cold_and_warm(prompt: dict, preset: dict, device: torch.device, heavy: dict, result: dict, out: str) -> int:
+    """A variant graph's two runs (bench_i2v_graph, bench_dev_graph): cold, then warm; per node seconds and peak
+    GiB and both walls into `result`, written as JSON to `out`."""
+    def rows(run: dict) -> dict:
+        return {k: {"node": r["node"], "s": round(r["s"], 3), "peak_gib": round(r.get("peak_gib", 0.0), 3)}
+                for k, r in run.items()}
+    cold, _, cold_wall = run_graph(prompt, preset, device, heavy)
+    warm, _, warm_wall = run_graph(prompt, preset, device, heavy)
+    result.update(cold_wall_s=round(cold_wall, 3), warm_wall_s=round(warm_wall, 3), cold=rows(cold),
+                  warm=rows(warm))
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps({"cold_wall_s": result["cold_wall_s"], "warm_wall_s": result["warm_wall_s"]}))
+    return 0
+
+
 def _patched(module, name: str, value):
     def patch():
         original = getattr(module, name)

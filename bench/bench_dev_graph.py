@@ -40,11 +40,6 @@ LORA_NODE = "23"
 LORA_RANK = 450
 
 
-def _rows(rows: dict) -> dict:
-    return {k: {"node": r["node"], "s": round(r["s"], 3), "peak_gib": round(r.get("peak_gib", 0.0), 3)}
-            for k, r in rows.items()}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, the tiny set through the loader nodes, 192×128×17")
@@ -93,15 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         _, outputs, _ = ab.run_graph(prompt, {}, device, {}, only=tuple(ab.LOADERS))
         preset = {k: outputs[k] for k in ab.LOADERS}
         heavy = {ab.LOADERS[k]: v[0].module for k, v in preset.items() if k != "2"}
-    cold, _, cold_wall = ab.run_graph(prompt, preset, device, heavy)
-    warm, _, warm_wall = ab.run_graph(prompt, preset, device, heavy)
-    result.update(cold_wall_s=round(cold_wall, 3), warm_wall_s=round(warm_wall, 3), cold=_rows(cold),
-                  warm=_rows(warm))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
-    print(json.dumps({"cold_wall_s": result["cold_wall_s"], "warm_wall_s": result["warm_wall_s"]}))
-    return 0
+    return ab.cold_and_warm(prompt, preset, device, heavy, result, args.out)
 
 
 if __name__ == "__main__":
