@@ -338,6 +338,13 @@ class StandalonePatcher:
         if self.on_unload is not None:
             self.on_unload(self.model)
 
+    def discard(self) -> None:
+        """Unload for good, copying nothing back (streaming.discard): the module is unusable afterwards."""
+        vars(self.model).pop("_ltx25_placed", None)
+        streaming.discard(self.model)
+        if self.on_unload is not None:
+            self.on_unload(self.model)
+
 
 def _patch_delta(value, device: torch.device) -> torch.Tensor:
     """A standalone patch value's dense float32 delta on `device`: `(delta,)` as given, a LoRA's factors multiplied
@@ -679,6 +686,18 @@ def unload_model(patcher) -> None:
     else:
         patcher.unload()
         _standalone_loaded[:] = [ref for ref in _standalone_loaded if ref() not in (None, patcher)]
+    empty_cache()
+
+
+def discard_model(patcher) -> None:
+    """Free a model whose module its caller drops right after (the text encoder after its encode): standalone, its
+    weights are freed where they are instead of being copied back to the host first (StandalonePatcher.discard);
+    under ComfyUI, model management unloads it to its offload device as `unload_model` does."""
+    if HAS_COMFY:
+        unload_model(patcher)
+        return
+    patcher.discard()
+    _standalone_loaded[:] = [ref for ref in _standalone_loaded if ref() not in (None, patcher)]
     empty_cache()
 
 
