@@ -21,8 +21,9 @@ encode a new prompt (Gemma placed beside the evicted transformer's host copies),
 the CPU the bridge moves nothing (load and offload device are the same); on CUDA it exercises the pinned copies,
 streaming and eviction, within `--card-gib` when given.
 
-`full_size` scales the measured multiples to the released files (DiT 48 blocks, Gemma 48 layers) to predict the
-peaks of a real run; it is arithmetic on the measurements, not a measurement.
+`full_size` gives the released files' sizes from the reduced files' headers (DiT 48 blocks, Gemma 48 layers) and
+`scaled_to_full_size` each case's VmHWM with the blocks left out added once: arithmetic on the measurements, not a
+measurement.
 """
 from __future__ import annotations
 
@@ -213,7 +214,7 @@ def weight_places(module: torch.nn.Module, paths: list[str]) -> dict[str, int]:
         return "host_pinned" if torch.cuda.is_available() and t.is_pinned() else "host_anon"
 
     for _, _, t in streaming._owned_tensors(module):
-        key = (t.device, t.data_ptr())
+        key = id(t) if t.is_meta else (t.device, t.data_ptr())  # meta tensors all sit at address 0
         if key in seen:
             continue
         seen.add(key)
@@ -354,22 +355,21 @@ def full_size(parts: dict) -> dict:
 
 
 def scaled(cases: dict, parts: dict, full: dict) -> dict:
-    """Each case's peaks above its start, scaled by (released files / measured files) and put back on the start: a
-    first guess at the released sizes, exact where memory is proportional to the files (everything measured on the
-    CPU), rough where a card's budget decides how much streams."""
-    sizes = {"dit_as_stored": ("dit", "dit_bf16_gib"), "dit_bf16": ("dit", "dit_bf16_gib"),
-             "dit_nvfp4": ("dit_nvfp4", "dit_nvfp4_gib"), "text_encoder": ("te", "text_encoder_gib")}
+    """Each case's VmHWM with the released files: the measured one plus the bytes the released files add (the
+    blocks and layers left out), each held once as the measured blocks are; activations do not grow with depth, and
+    Gemma's embedding table is already whole in the reduced file. A first guess, exact only where each weight is
+    held once (the CPU cases), an upper bound where a case reads part of a file only (on the CPU the bridge case
+    never reads the transformer's weights)."""
+    files = {"dit_as_stored": [("dit", "dit_bf16_gib")], "dit_bf16": [("dit", "dit_bf16_gib")],
+             "dit_nvfp4": [("dit_nvfp4", "dit_nvfp4_gib")], "text_encoder": [("te", "text_encoder_gib")],
+             "bridge": [("dit", "dit_bf16_gib"), ("te", "text_encoder_gib")]}
     out = {}
     for name, case in cases.items():
         if "stages" not in case:
             continue
-        pairs = [sizes[name]] if name in sizes else [("dit", "dit_bf16_gib"), ("te", "text_encoder_gib")]
-        ratio = sum(full[f] for _, f in pairs) * GiB / sum(parts[p]["file"] for p, _ in pairs)
-        start, peak = case["stages"][0], case["stages"][-1]["sampled_peak"]
-        out[name] = {"ratio": round(ratio, 2), **{f"peak_{k}_gib": round((start[k] + (peak[k] - start[k]) * ratio)
-                                                                        / GiB, 1) for k in peak},
-                     "VmHWM_gib": round((start["VmHWM"] + (case["stages"][-1]["VmHWM"] - start["VmHWM"]) * ratio)
-                                        / GiB, 1)}
+        added = sum(full[f] * GiB - parts[p]["file"] for p, f in files[name])
+        out[name] = {"added_gib": round(added / GiB, 1),
+                     "VmHWM_gib": round((case["stages"][-1]["VmHWM"] + added) / GiB, 1)}
     return out
 
 
