@@ -29,10 +29,11 @@ def _placement(spec: te.TextEncoderSpec, batch: int):
         try:
             bridge.load_models([patcher], te.working_memory(spec, batch))
         except BaseException:  # e.g. out of memory while loading: the engine never gets a handle to release
-            bridge.unload_model(patcher)
+            bridge.discard_model(patcher)
             raise
         return patcher
-    return load, bridge.unload_model
+    # The engine drops the module after the release: its weights are freed, not copied back to the host first.
+    return load, bridge.discard_model
 
 
 class LTX25EncodePrompt:

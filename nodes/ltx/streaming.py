@@ -229,6 +229,21 @@ def offload(model: nn.Module, device: torch.device | str = "cpu", keep_host: boo
         torch.cuda.synchronize(source)
 
 
+def discard(model: nn.Module) -> None:
+    """Free `model`'s weights for good (its last user is done with it): the streamer and the host copies go and
+    every tensor becomes a meta placeholder, on the device and on the host. Nothing is copied: offloading a model
+    that is about to be dropped would copy all of it into new host memory only to free it, and that copy would sit
+    beside the host copies of the model it was evicted for (the text encoder's release beside the transformer's).
+    A forward after this fails instead of running on missing weights."""
+    remove_streamer(model)
+    vars(model).pop("_ltx25_host_copies", None)
+    for owner in model.modules():
+        for table in (owner._parameters, owner._buffers):
+            for name, tensor in table.items():
+                if tensor is not None and not tensor.is_meta:
+                    _assign(table, name, tensor.to("meta"))
+
+
 def _assign(table: dict, name: str, value: torch.Tensor) -> None:
     old = table[name]
     if isinstance(old, nn.Parameter):

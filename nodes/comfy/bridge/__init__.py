@@ -29,7 +29,8 @@ from .folders import (list_model_files, model_file_path, output_dir, set_models_
                       user_directory)
 from .interrupts import InterruptError, check_interrupt, interrupt_scope, request_interrupt
 from .low_rank import add_low_rank, low_rank_of, weight_patch
-from .models import clone_patcher, load_models, loaded_model_count, make_patcher, patch_key_prefix, unload_model
+from .models import (clone_patcher, discard_model, load_models, loaded_model_count, make_patcher, patch_key_prefix,
+                     unload_model)
 from .node_text import show_on_node
 from .progress import step_callback
 from .standalone import FAST_PINNING
@@ -42,7 +43,8 @@ __all__ = [
     "temp_dir", "user_directory",
     "InterruptError", "check_interrupt", "interrupt_scope", "request_interrupt",
     "add_low_rank", "low_rank_of", "weight_patch",
-    "clone_patcher", "load_models", "loaded_model_count", "make_patcher", "patch_key_prefix", "unload_model",
+    "clone_patcher", "discard_model", "load_models", "loaded_model_count", "make_patcher", "patch_key_prefix",
+    "unload_model",
     "show_on_node", "step_callback",
     "FAST_PINNING",
 ]

@@ -9,7 +9,7 @@ import torch
 from .comfy_models import _DeviceHolder, _comfy_load, _comfy_patcher, _comfy_unload
 from .comfyui import HAS_COMFY, _mm
 from .devices import compute_device, empty_cache, offload_device
-from .standalone import StandalonePatcher, _standalone_live, _standalone_load, _standalone_unload
+from .standalone import StandalonePatcher, _standalone_discard, _standalone_live, _standalone_load, _standalone_unload
 
 
 def make_patcher(module: torch.nn.Module, on_unload: Callable[[torch.nn.Module], None] | None = None,
@@ -48,6 +48,17 @@ def unload_model(patcher) -> None:
         _comfy_unload(patcher)
     else:
         _standalone_unload(patcher)
+    empty_cache()
+
+
+def discard_model(patcher) -> None:
+    """Free a model whose module its caller drops right after (the text encoder after its encode): standalone, its
+    weights are freed where they are instead of being copied back to the host first (StandalonePatcher.discard);
+    under ComfyUI, model management unloads it to its offload device as `unload_model` does."""
+    if HAS_COMFY:
+        _comfy_unload(patcher)
+    else:
+        _standalone_discard(patcher)
     empty_cache()
 
 

@@ -144,6 +144,13 @@ class StandalonePatcher:
         if self.on_unload is not None:
             self.on_unload(self.model)
 
+    def discard(self) -> None:
+        """Unload for good, copying nothing back (streaming.discard): the module is unusable afterwards."""
+        vars(self.model).pop("_ltx25_placed", None)
+        streaming.discard(self.model)
+        if self.on_unload is not None:
+            self.on_unload(self.model)
+
 
 def _patch_delta(value, device: torch.device) -> torch.Tensor:
     """A standalone patch value's dense float32 delta on `device`: `(delta,)` as given, a LoRA's factors multiplied
@@ -188,4 +195,10 @@ def _standalone_load(patchers: list, memory_required: int) -> None:
 def _standalone_unload(patcher) -> None:
     """`unload_model` without ComfyUI."""
     patcher.unload()
+    _standalone_loaded[:] = [ref for ref in _standalone_loaded if ref() not in (None, patcher)]
+
+
+def _standalone_discard(patcher) -> None:
+    """`discard_model` without ComfyUI."""
+    patcher.discard()
     _standalone_loaded[:] = [ref for ref in _standalone_loaded if ref() not in (None, patcher)]
