@@ -11,7 +11,8 @@ registered with `nodes.comfy.handles.Loaded.register` under a minimal AssetInfo 
 `Loaded` stands in for the loader's output. The text encoder is fed to the real Encode Prompt node: its spec is read
 from the tiny text-encoder file (tokenizer: the tiny one, ids padded to the real 1024 tokens) with the real Gemma
 config swapped in, and `text_encoder.load_text_encoder` is replaced by one returning the in-memory module (so the node's
-load/offload hooks run as usual). Every other node runs unchanged, in the workflow's dependency order.
+load/offload hooks run as usual, except that its release unloads the module instead of freeing it: the bench has
+only this one copy for every prompt). Every other node runs unchanged, in the workflow's dependency order.
 
 The graph runs through the headless runner's executor, which (like ComfyUI's) starts ready output nodes first and
 runs async nodes — the three saves, whose H.264 encodes run on worker threads — as tasks while later nodes go on;
@@ -136,6 +137,9 @@ def build_real(device: torch.device, tiny_text_encoder: str,
     tiny_spec = te.TextEncoderSpec.from_file(tiny_text_encoder, bf16)
     spec = dataclasses.replace(tiny_spec, config=gemma_config, video_dim=4096, audio_dim=2048)
     te.load_text_encoder = lambda _spec: gemma  # the Encode Prompt node "loads" the in-memory module
+    # The node frees a released encoder where it is (it loads the file again next time); this one module must
+    # survive for the next uncached prompt, so its release unloads it to the host instead, as before that change.
+    bridge.discard_model = bridge.unload_model
     out["2"] = (spec,)
 
     up_config = UpsamplerConfig.from_metadata("bench", {"config": UPSAMPLER_CONFIG})
@@ -423,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     write_tiny_set(os.path.join(work, "models"))
     validate(prompt, NODE_CLASS_MAPPINGS)  # against the tiny files' names (= the official names)
     te.clear_caches()
-    result: dict = {"bench": "ab_graph_conv_only" if args.conv_only else "ab_graph", "shape": f"{width}x{height}x{frames}", "acceleration": acceleration,
+    result: dict = {"bench": "ab_graph_conv_only" if args.conv_only else "ab_graph",
+                    "shape": f"{width}x{height}x{frames}", "acceleration": acceleration,
                     "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                     "torch": torch.__version__, "errors": {}}
     if device.type == "cuda":

@@ -76,7 +76,8 @@ def _launch(packed: torch.Tensor, block_scale: torch.Tensor, tensor_scale: torch
     scales = quant.nvfp4_scales(block_scale, tensor_scale, rows, half * 2).contiguous()
     out = torch.empty(rows, half * 2, dtype=dtype, device=packed.device)
     n_bytes = packed.numel()
-    compile_cache.ensure_applied()
+    if not torch.compiler.is_compiling():  # the sampler applied it before compiling; keep Dynamo out of it
+        compile_cache.ensure_applied()
     _decode[(triton.cdiv(n_bytes, BLOCK_BYTES),)](packed.contiguous(), scales, out, n_bytes, BLOCK=BLOCK_BYTES)
     return out
 
