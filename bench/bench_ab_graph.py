@@ -451,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
             filler = torch.empty(filler_bytes, dtype=torch.uint8, device=device)  # held until the process ends
             result["card_gib"], result["filler_gib"] = args.card_gib, filler.numel() / GiB
     else:
-        loaders, outputs, _ = run_graph(prompt, {}, device, {}, only=tuple(k for k in LOADERS if k in prompt))  # the loader nodes
+        loader_ids = tuple(k for k in LOADERS if k in prompt)
+        loaders, outputs, _ = run_graph(prompt, {}, device, {}, only=loader_ids)  # the normal loader nodes
         preset = {k: outputs[k] for k in LOADERS if k in prompt}
         result["build_s"] = {LOADERS[k]: round(row["s"], 3) for k, row in loaders.items()}
         heavy = {LOADERS[k]: v[0].module for k, v in preset.items() if k != "2"}
@@ -499,7 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         end_to_end_cold_s=cold_wall, end_to_end_warm_s=warm_wall,
         to_decoded_warm_s=max(warm[k]["t_end"] for k in decoded),  # the saves may still run then
         compile_and_capture_s={k: cold[k]["s"] - warm[k]["s"] for k in SAMPLERS},
-        transformer_on_gpu_at_decoder_start={k: "transformer" in warm[k]["on_gpu_start"] for k in DECODERS if k in warm},
+        transformer_on_gpu_at_decoder_start={k: "transformer" in warm[k]["on_gpu_start"] for k in DECODERS
+                                             if k in warm},
         loaded_models_at_end=bridge.loaded_model_count())
     print(_table(cold, warm))
     print(f"end to end: cold {result['end_to_end_cold_s']:.2f} s, warm {result['end_to_end_warm_s']:.2f} s "
