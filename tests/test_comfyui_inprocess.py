@@ -121,7 +121,9 @@ def test_conditioning_templates_hold_their_guides_inside_comfyui(report, name):
     what its guides give, as tests/test_guide_workflows.py checks headless: the first latent frame of both stages is
     the image encoded at that stage's size (96×64, then 192×128), the audio latents are the given audio's bit for
     bit (and the audio guide's frames output is the clip's 17 frames), the extension window's overlap is the source's
-    last latent frames and the join is the source then the window's new frames. Fails when a guide does not reach a
+    last latent frames and the join is the source then the window's new frames, and the IC-LoRA's reference is the
+    encode of the frames it must keep at stage 1's size (its tokens reaching the DiT: test_reference_video.py,
+    headless). Fails when a guide does not reach a
     sampler inside ComfyUI's executor, or ComfyUI's own image or audio loading feeds the guides something else."""
     held = _executed(report, name)["conditioning"]
     shipped = h.load_json(os.path.join(h.PACK_ROOT, "workflows", "api", f"{name}.json"))

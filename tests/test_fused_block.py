@@ -181,7 +181,9 @@ def test_lean_blocks_hold_only_qkv_and_a_chunk_beside_their_inputs(monkeypatch, 
 def test_decode_uses_fused_blocks_only_with_the_triton_processor(tiny_file, monkeypatch):
     """The tiny decoder end to end (stage 5 included): `sdpa` runs diffusers' block forward, a processor with
     `fused_block` runs ours on every stage-5 block, and the frames agree. (The triton processor itself needs a GPU
-    to be picked; here blocked SDPA stands in for its attention so only the block forward differs.)"""
+    to be picked; here blocked SDPA stands in for its attention so only the block forward differs. This stand-in
+    has no `fused_projection`, so the lean in-place path of stages 1-4 is not taken here; the lean tests above
+    cover it.)"""
     from nodes.ltx.decode import diffusion_vae as dv
     from nodes.ltx.decode.tiling import TilingRequest
     from nodes.ltx.kernels import na_attention as na
