@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 
 import av
@@ -138,6 +139,26 @@ def test_ic_lora_template_conditions_stage_1_on_the_thinned_reference(inputs):
     assert result["outputs"]["40"][0].loras == (workflow_specs.IC_LORA_FILE[1],)
     (measured,) = _measured(prompt, result)["reference"]  # the check the ComfyUI tier makes inside ComfyUI
     assert measured["encoded"] == [[96, 64, 9]] and measured["max_abs"] <= 1e-5 * max(1.0, measured["scale"])
+
+
+def test_ic_lora_stage_2_continues_the_noise_stream_where_stage_1_left_it(inputs, monkeypatch):
+    """Stage 1 drew noise for the clip and its appended reference tokens; its video latent hands those counts on
+    (through Latent Upsample) and stage 2 skips exactly them, as the reference's one generator runs on."""
+    from nodes.ltx import latents
+    from nodes.ltx.dit import sampling
+    calls, real = [], sampling.initial_noise
+
+    def recording(video, audio, seed, stage, layout="comfy", skip=None):
+        calls.append((stage, tuple(video.shape), tuple(audio.shape), skip))
+        return real(video, audio, seed, stage, layout, skip)
+    monkeypatch.setattr(sampling, "initial_noise", recording)
+    prompt, result = _run("ltx25_ic_lora", keep=("frames",), until=("17",))  # stage 2 and the conv save
+    (s1, video1, audio1, _), (s2, video2, _, skip) = calls
+    drawn = (math.prod(video1), math.prod(audio1))
+    assert (s1, s2) == (1, 2) and result["outputs"]["10"][0][latents.NOISE_DRAWN_KEY] == drawn
+    half_size_clip = math.prod(video2) // 4
+    assert skip == drawn and drawn[0] > half_size_clip, calls  # the reference's latent frames were drawn too
+    assert latents.NOISE_DRAWN_KEY not in result["outputs"]["12"][0]  # a stage 2 hands nothing on
 
 
 def test_ic_lora_template_runs_a_half_size_reference(inputs, tiny_models):

@@ -65,6 +65,21 @@ def test_reference_layout_stage2_skips_stage1_draws():
     assert torch.equal(got_v, want_v) and torch.equal(got_a, want_a)
 
 
+def test_stage2_skips_what_stage1_said_it_drew():
+    """A stage 1 holding tokens stage 2 does not (an IC-LoRA's reference) drew more than stage 2's latent at half
+    size: with `skip` (the counts stage 1 handed on) stage 2 continues the one generator where stage 1 left it, as
+    the reference's pipeline does; the half-size count would start it elsewhere."""
+    video, audio = torch.zeros(VIDEO), torch.zeros(AUDIO)
+    reference_tokens = 7 * 128  # stage 1's video: its half-size latent and 7 appended tokens, as one token row
+    drawn = (128 * 2 * 1 * 1 + reference_tokens, AUDIO[1] * AUDIO[2] * AUDIO[3])
+    got_v, got_a = sampling.initial_noise(video, audio, 8, 2, "reference", skip=drawn)
+    g = torch.Generator().manual_seed(8)
+    torch.randn((1, 2 * 1 * 1 + 7, 128), generator=g), torch.randn((1, AUDIO[2], 128), generator=g)
+    want_v, want_a = token_noise(g)
+    assert torch.equal(got_v, want_v) and torch.equal(got_a, want_a)
+    assert not torch.equal(sampling.initial_noise(video, audio, 8, 2, "reference")[0], want_v)
+
+
 def test_reference_layout_ancestral_noise_is_on_tokens_too():
     """The whole Euler-ancestral run in the reference layout equals a replay whose main and ancestral draws are all
     token-layout; replaying with latent-layout step noise does not match."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import bridge
 from .sampling import (DEFAULT_FRAME_RATE, GUIDES_INPUT, LATENT_PAIR_TOOLTIPS, NOISE_LAYOUT_TOOLTIP, STAGE_INPUTS,
-                       check_working_memory, per_token, stage_latents, stage_outputs)
+                       check_working_memory, per_token, stage_latents, stage_noise, stage_outputs)
 from ..ltx.dit import dev_sampling, guidance as ltx_guidance, sampling
 from ..ltx.errors import LTX25Error
 
@@ -119,6 +119,7 @@ class LTX25GuidedSampler:
         memory = sampling.working_memory(model.module, (rows * video.shape[0], *dit_shape[1:]), audio.shape,
                                          **per_token(held))
         check_working_memory(where, memory)
+        skip, drawn = stage_noise(video_latent, int(stage), video, audio, held)
         module = model.ready(memory)
         try:
             video, audio = dev_sampling.sample_guided(
@@ -126,10 +127,10 @@ class LTX25GuidedSampler:
                 on_x0=bridge.step_callback(dev_sampling.progress_total(schedule, sampler), f"LTX-2.5 {sampler}",
                                            preview_latent=True),
                 output_device=bridge.intermediate_device(), acceleration=acceleration, batching=pass_batching,
-                guides=held, noise_layout=noise_layout)
+                guides=held, noise_layout=noise_layout, noise_skip=skip)
         finally:
             bridge.empty_cache()
-        return stage_outputs(video_latent, audio_latent, video, audio, fps)
+        return stage_outputs(video_latent, audio_latent, video, audio, fps, drawn)
 
 
 def _check_prompts(guider, batch: int, where: str) -> None:

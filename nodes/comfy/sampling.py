@@ -64,10 +64,21 @@ def stage_latents(video_latent, audio_latent, frame_rate: float, guides, where: 
     return fps, video, audio, held, (video.shape if held is None else held.video_clean.shape)
 
 
-def stage_outputs(video_latent: dict, audio_latent: dict, video, audio, fps: float) -> tuple[dict, dict]:
-    """A sampler's two LATENT outputs: the inputs' other keys kept, the frame rate used carried on both."""
-    return ({**video_latent, "samples": video, "frame_rate": fps},
+def stage_outputs(video_latent: dict, audio_latent: dict, video, audio, fps: float,
+                  drawn: tuple[int, int] | None = None) -> tuple[dict, dict]:
+    """A sampler's two LATENT outputs: the inputs' other keys kept, the frame rate used carried on both; a stage 1's
+    video also carries what it drew of the seed's noise (`drawn`, `latents.NOISE_DRAWN_KEY`), for stage 2."""
+    kept = {k: v for k, v in video_latent.items() if k != latents.NOISE_DRAWN_KEY}
+    noise = {} if drawn is None else {latents.NOISE_DRAWN_KEY: drawn}
+    return ({**kept, "samples": video, "frame_rate": fps, **noise},
             {**audio_latent, "samples": audio, "type": "audio", "frame_rate": fps})
+
+
+def stage_noise(video_latent: dict, stage: int, video, audio, held) -> tuple[tuple[int, int] | None, ...]:
+    """(`noise_skip` for this stage: what the stage 1 before it drew, when its latent says; what this stage draws,
+    handed on when it is a stage 1)."""
+    skip = video_latent.get(latents.NOISE_DRAWN_KEY) if stage == 2 else None
+    return skip, (sampling.noise_drawn(video, audio, held) if stage == 1 else None)
 
 
 def per_token(held) -> dict:
@@ -163,6 +174,7 @@ class LTX25DistilledSampler:
             sampling.default_sigmas(int(stage))
         memory = sampling.working_memory(model.module, dit_shape, audio.shape, **per_token(held))
         check_working_memory("LTX25DistilledSampler", memory)
+        skip, drawn = stage_noise(video_latent, int(stage), video, audio, held)
         module = model.ready(memory)
         try:
             video, audio = sampling.sample_distilled(
@@ -170,10 +182,10 @@ class LTX25DistilledSampler:
                 sigmas=schedule,
                 on_x0=bridge.step_callback(len(schedule) - 1, f"LTX-2.5 stage {stage}", preview_latent=True),
                 output_device=bridge.intermediate_device(), acceleration=acceleration, noise_layout=noise_layout,
-                guides=held, notify=bridge.show_on_node)
+                guides=held, notify=bridge.show_on_node, noise_skip=skip)
         finally:
             bridge.empty_cache()  # the step activations; also on interrupt, so nothing is left half-used
-        return stage_outputs(video_latent, audio_latent, video, audio, fps)
+        return stage_outputs(video_latent, audio_latent, video, audio, fps, drawn)
 
 
 class LTX25LatentUpsample:

@@ -117,6 +117,9 @@ def unbind_av(samples: object, stream: int, where: str) -> object:
 # Set by LTX-2.5 Empty Latent: True while the video latent is the half-size stage-1 latent that Latent Upsample
 # still has to double; False once it is at the final size (two_stage off, or already upsampled).
 HALF_SIZE_KEY = "ltx25_half_size"
+# On a stage-1 sampler's video LATENT: the counts of values it drew to start (video with its appended pieces, audio),
+# which stage 2 skips in the seed's stream as the reference's one generator does (sampling.initial_noise).
+NOISE_DRAWN_KEY = "ltx25_noise_drawn"
 
 
 def check_upsample_wanted(latent: Mapping, where: str) -> None:

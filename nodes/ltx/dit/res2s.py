@@ -76,10 +76,11 @@ def step_noise(like: torch.Tensor, generator: torch.Generator, layout: str = "co
 def sample_res2s(denoise_fn: DenoiseFn, video: torch.Tensor, audio: torch.Tensor, sigmas: Sequence[float],
                  seed: int, stage: int, on_step: OnStep | None = None, eta: float = ETA,
                  substep_eta: float = ETA, held: GuidedStage | None = None, noise_layout: str = "comfy",
-                 on_x0: OnX0 | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Noise the latents to `sigmas[0]` (the main generator, as `sampling.sample_stage`), then res_2s steps
-    (`eta`, `substep_eta`: the SDE noise after each step and at each midpoint; the reference's are both 1/2);
-    `held`: the stage's guides (see the module docstring), the outputs cropped to the input shapes.
+                 on_x0: OnX0 | None = None,
+                 noise_skip: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Noise the latents to `sigmas[0]` (the main generator and `noise_skip` as `sampling.sample_stage`), then
+    res_2s steps (`eta`, `substep_eta`: the SDE noise after each step and at each midpoint; the reference's are
+    both 1/2); `held`: the stage's guides (see the module docstring), the outputs cropped to the input shapes.
 
     The SDE noise comes from two CPU generators, seeded `seed + 20000` (steps) and `seed + 30000` (midpoints), one
     draw per modality per use (video, then audio). The reference's HQ pipeline seeds them −1 and 9999 whatever the
@@ -98,7 +99,7 @@ def sample_res2s(denoise_fn: DenoiseFn, video: torch.Tensor, audio: torch.Tensor
     total = steps + 1
     hold = (lambda pair: list(pair)) if held is None else (lambda pair: list(held.hold(*pair)))  # noqa: E731
     with torch.inference_mode():
-        latents = list(start_latents(video, audio, sigmas[0], seed, stage, noise_layout, held))
+        latents = list(start_latents(video, audio, sigmas[0], seed, stage, noise_layout, held, noise_skip))
         for i in range(steps):
             sigma, sigma_next = float(stepped[i]), float(stepped[i + 1])
             latents, x0_video = _step(denoise_fn, latents, sigma, sigma_next, (step_gen, eta),

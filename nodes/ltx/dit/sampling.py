@@ -173,25 +173,34 @@ def _stage1_shapes(video: torch.Tensor, audio: torch.Tensor) -> tuple[tuple[int,
 
 
 def initial_noise(video: torch.Tensor, audio: torch.Tensor, seed: int, stage: int,
-                  layout: str = "comfy") -> tuple[torch.Tensor, torch.Tensor]:
-    """The main generator's noise for the start of `stage`: video then audio (stage 2 skips stage 1's draws, which
-    use up the same count of values in either layout)."""
+                  layout: str = "comfy", skip: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The main generator's noise for the start of `stage`: video then audio. Stage 2 skips stage 1's draws, which
+    use up the same count of values in either layout: `skip`, the counts stage 1 drew (`noise_drawn`; its latents
+    held tokens stage 2 does not, an IC-LoRA's reference), else those of stage 2's latents at half size."""
     check_noise_layout(layout)
     generator = torch.Generator().manual_seed(seed % 2**64)
     if stage == 2:
-        for shape in _stage1_shapes(video, audio):
+        for shape in (skip or _stage1_shapes(video, audio)):
             torch.randn(shape, generator=generator, dtype=torch.float32)
     return _randn(video.shape, generator, video, layout), _randn(audio.shape, generator, audio, layout)
 
 
 # ---------------------------------------------------------------------------------------------------- the loop
+def noise_drawn(video: torch.Tensor, audio: torch.Tensor, held: GuidedStage | None = None) -> tuple[int, int]:
+    """How many values `start_latents` draws for these latents (video with its appended pieces, then audio): what
+    a stage 1 hands on for stage 2's `noise_skip`."""
+    return (video.numel() if held is None else held.video_clean.numel()), audio.numel()
+
+
 def start_latents(video: torch.Tensor, audio: torch.Tensor, sigma: float, seed: int, stage: int,
-                  noise_layout: str = "comfy", held: GuidedStage | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  noise_layout: str = "comfy", held: GuidedStage | None = None,
+                  noise_skip: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The latents noised to `sigma` from the main generator (with `held`: the appended guide slots first, then the
-    conditioned tokens pulled back to their clean values, as the reference's noiser does)."""
+    conditioned tokens pulled back to their clean values, as the reference's noiser does); `noise_skip`: see
+    `initial_noise`."""
     if held is not None:
         video = held.extend(video)
-    noise_video, noise_audio = initial_noise(video, audio, seed, stage, noise_layout)
+    noise_video, noise_audio = initial_noise(video, audio, seed, stage, noise_layout, noise_skip)
     video = torch.lerp(video, noise_video, sigma)
     audio = torch.lerp(audio, noise_audio, sigma)
     return (video, audio) if held is None else held.noised(video, audio)
@@ -199,8 +208,10 @@ def start_latents(video: torch.Tensor, audio: torch.Tensor, sigma: float, seed: 
 
 def sample_stage(denoise_fn: DenoiseFn, video: torch.Tensor, audio: torch.Tensor, sigmas: Sequence[float],
                  sampler: str, seed: int, stage: int, on_step: OnStep | None = None, noise_layout: str = "comfy",
-                 on_x0: OnX0 | None = None, held: GuidedStage | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Noise the latents to `sigmas[0]`, then one `denoise_fn(video, audio, σ) → (x0_video, x0_audio)` per step.
+                 on_x0: OnX0 | None = None, held: GuidedStage | None = None,
+                 noise_skip: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Noise the latents to `sigmas[0]` (`noise_skip`: see `initial_noise`), then one
+    `denoise_fn(video, audio, σ) → (x0_video, x0_audio)` per step.
 
     video: `[B, 128, F', H', W']`, audio: `[B, 8, T, 16]` (normalized latents; stage 1: zeros). `sampler` is
     'euler' or 'euler_ancestral' (see `resolve_sampler`); `noise_layout` one of `NOISE_LAYOUTS`; `held`: the stage's
@@ -213,7 +224,7 @@ def sample_stage(denoise_fn: DenoiseFn, video: torch.Tensor, audio: torch.Tensor
         raise LTX25Error("sampler", "the resolved sampler", repr(sampler), "'euler' or 'euler_ancestral'")
     check_noise_layout(noise_layout)
     with torch.inference_mode():
-        video, audio = start_latents(video, audio, sigmas[0], seed, stage, noise_layout, held)
+        video, audio = start_latents(video, audio, sigmas[0], seed, stage, noise_layout, held, noise_skip)
         ancestral = torch.Generator().manual_seed((seed + ANCESTRAL_SEED_OFFSET) % 2**64)
         steps = len(sigmas) - 1
         for i, (sigma, sigma_next) in enumerate(zip(sigmas, sigmas[1:])):
@@ -281,14 +292,15 @@ def sample_distilled(model: torch.nn.Module, conditioning, video: torch.Tensor, 
                      on_step: OnStep | None = None, output_device: torch.device | None = None,
                      acceleration: str = "auto", denoise: Callable | None = None, noise_layout: str = "comfy",
                      on_x0: OnX0 | None = None, guides: Guides | GuidedStage | None = None,
-                     notify: Callable[[str], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     notify: Callable[[str], None] | None = None,
+                     noise_skip: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One distilled stage with the LTX-2.5 transformer: `model` (carries `.model_version`), `conditioning`
     (`Conditioning`), video `[B,128,F',H',W']` + audio `[B,8,T,16]` at `fps` → sampled latents on `output_device`
     (default: where they came from), of the input shapes. `guides` (guides.Guides, or one already resolved for these
     latents): what the stage is conditioned on, at this stage's size. The denoiser comes from
     `accelerated_denoise.make_denoiser(…, acceleration, notify)` (`notify` hears when a step compiles or captures);
     `denoise(model, video, audio, sigma, cond, fps[, guided=])`
-    replaces it (tests). `noise_layout` and `on_x0`: see `sample_stage`."""
+    replaces it (tests). `noise_layout`, `on_x0` and `noise_skip`: see `sample_stage`."""
     if stage not in (1, 2):
         raise LTX25Error("stage", "the stage", stage, "1 or 2")
     out_device = output_device or video.device
@@ -305,5 +317,5 @@ def sample_distilled(model: torch.nn.Module, conditioning, video: torch.Tensor, 
 
     chosen = resolve_sampler(sampler, stage, model.model_version)
     video, audio = sample_stage(denoise_fn, video, audio, sigmas or default_sigmas(stage), chosen, seed, stage,
-                                on_step, noise_layout, on_x0, held)
+                                on_step, noise_layout, on_x0, held, noise_skip)
     return video.to(out_device), audio.to(out_device)
