@@ -179,27 +179,13 @@ def _digest(tensor) -> str:
     return f"{t.dtype}{tuple(t.shape)}:" + hashlib.sha256(raw.numpy().tobytes()).hexdigest()[:24]
 
 
-def _tensors(value, path: str, depth: int = 0):
-    import torch
-    if depth > 6 or isinstance(value, torch.nn.Module) or type(value).__module__.startswith("transformers."):
-        return
-    if isinstance(value, torch.Tensor):
-        yield path, value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _tensors(item, f"{path}.{key}", depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from _tensors(item, f"{path}[{i}]", depth + 1)
-
-
-def _cached_outputs(executor, node_id: str) -> list:
-    entry = executor.caches.outputs.get(node_id)
-    if inspect.isawaitable(entry):
-        entry = asyncio.run(entry)
-    if entry is None:
-        return []
-    return list(entry.outputs) if hasattr(entry, "outputs") else list(entry)
+def _boot() -> types.ModuleType:
+    """tests/comfyui_boot.py, loaded by its path (standard library only): the executor helpers the real-ComfyUI
+    tier's drivers share, `cached_outputs` and `tensors`, so the bench reads outputs exactly as the tier does."""
+    spec = importlib.util.spec_from_file_location("ltx25_comfyui_boot", os.path.join(ROOT, "tests", "comfyui_boot.py"))
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look themselves up
+    spec.loader.exec_module(module)
+    return module
 
 
 class StubServer:
@@ -250,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     comfy_args.cpu = args.smoke
     comfy_args.disable_api_nodes = True
     import torch
+    boot = _boot()
     if not args.smoke and not torch.cuda.is_available():
         print("no CUDA device: run with --smoke for the CPU check", file=sys.stderr)
         return 2
@@ -410,10 +397,10 @@ def main(argv: list[str] | None = None) -> int:
             digests = {}
             for node_id, node in prompt.items():
                 if node["class_type"] in pack_classes:
-                    for i, value in enumerate(_cached_outputs(executor, node_id)):
-                        for label, t in _tensors(value, f"{node_id}:{node['class_type']}[{i}]"):
+                    for i, value in enumerate(boot.cached_outputs(executor, node_id)):
+                        for label, t in boot.tensors(value, f"{node_id}:{node['class_type']}[{i}]", torch):
                             digests[label] = _digest(t)
-                    for value in _cached_outputs(executor, node_id):  # the decoders' tile plans
+                    for value in boot.cached_outputs(executor, node_id):  # the decoders' tile plans
                         stats = getattr(value[0] if isinstance(value, list) and value else value, "as_dict", None)
                         if callable(stats):
                             entry.setdefault("decode_stats", {})[node_id] = stats()
