@@ -7,7 +7,7 @@ runs the blocks), plus whether the kernel's bf16 weight equals the torch decode'
     python bench/bench_nvfp4_linear.py --smoke --out nvfp4.json   # CPU (torch path only; checks the script)
 
 Decode bytes per weight: torch ops ≈ 0.5 (packed) + 4 (int32 index) + 8 (float32 pair) ×2 + 2 (bf16) by their
-kernels' reads and writes; the kernel 0.5 + 0.25 (float32 scale per 16) + 2. Writes JSON to --out.
+kernels' reads and writes; the kernel 0.5 + 0.0625 (the E4M3 block scale per 16) + 2, one launch. Writes JSON to --out.
 """
 from __future__ import annotations
 
@@ -63,6 +63,10 @@ def main() -> None:
             variants["one_pass"] = one_pass
             row["one_pass_weight_bit_identical"] = bool(torch.equal(
                 nvfp4_triton.dequantize(packed, block, tensor).view(torch.int16), dense.view(torch.int16)))
+            with torch.inference_mode():  # the decode alone, and its traffic against the card's bandwidth
+                seconds = median_seconds(lambda: nvfp4_triton.dequantize(packed, block, tensor), device, args.runs, 3)
+            row["one_pass_decode_only"] = {"ms": seconds * 1e3,
+                                           "GB_per_s": n * k * (0.5 + 1 / 16 + 2) / seconds / 1e9}
             variants["torch_ops_compiled"] = torch.compile(torch_ops)
             variants["one_pass_compiled"] = torch.compile(one_pass)
         for stage, m in tokens.items():

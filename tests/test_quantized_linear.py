@@ -341,8 +341,9 @@ def test_fp8_compute_load_turns_only_the_blocks_linears_into_per_row_fp8(tiny_mo
 # equal bit for bit here prove the decode, and bench/bench_nvfp4_linear.py checks bf16 equality on the GPU.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_nvfp4_one_pass_decode_equals_the_dequantizing_load_bit_for_bit(dtype):
-    """The Triton decode (run here in Triton's interpreter) reads every byte value, the swizzled scales across a
-    128-row tile and the tensor scale exactly as `quant.dequantize_nvfp4` does; high nibble first, sign bit 3."""
+    """The Triton decode (run here in Triton's interpreter) reads every byte value, every E4M3 block scale from its
+    swizzled place across two 128-row tiles and two column tiles, and the tensor scale exactly as
+    `quant.dequantize_nvfp4` does; high nibble first, sign bit 3."""
     from nodes.ltx.kernels import nvfp4_triton
     if nvfp4_triton.triton is None:
         pytest.fail("Triton is a dependency of the pack's kernels and must be importable in the test environment")
@@ -352,6 +353,8 @@ def test_nvfp4_one_pass_decode_equals_the_dequantizing_load_bit_for_bit(dtype):
     packed.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)  # every byte value once
     stored = quant.quantize_nvfp4(torch.randn(rows, cols, generator=g))
     block_scale, tensor_scale = stored["weight_scale"], torch.tensor(0.37)
+    scale_bytes = block_scale.view(torch.uint8).view(-1)
+    scale_bytes.copy_(torch.arange(scale_bytes.numel()) % 127)  # every E4M3 scale but NaN, subnormals included
     want = quant.dequantize_nvfp4(packed, block_scale, tensor_scale, dtype)
     got = nvfp4_triton.dequantize(packed, block_scale, tensor_scale, dtype, force_kernel=True)
     bits = torch.int32 if dtype == torch.float32 else torch.int16

@@ -3,12 +3,15 @@
 Hopper has no FP4 tensor cores, so an NVFP4 Linear decodes its weight before a plain GEMM, every call. In torch ops
 (`files.quant.dequantize_nvfp4`: a byte-table lookup into float32, a multiply, a cast) that decode moves about 20
 bytes per weight through memory; on the A/B graph's 24 GiB card it doubled the DiT's step (docs/PERFORMANCE.md).
-This kernel reads the packed byte (half a byte a weight) and the weight's float32 block scale and writes the 16-bit
-weight: the same float32 products cast once, so its output equals `dequantize_nvfp4` bit for bit.
+This kernel reads the packed byte (half a byte a weight) and the weight's swizzled E4M3 block scale where the file
+keeps it (a sixteenth of a byte a weight), multiplies the block scale by the tensor scale in float32 as
+`dequantize_nvfp4` does, and writes the 16-bit weight, two per byte and contiguous: one launch per Linear, about
+2.6 bytes of traffic a weight, and the same float32 products cast once, so its output equals `dequantize_nvfp4` bit
+for bit. Each program decodes `ROW_BYTES` of one row, so a block scale's place in the 128×4-swizzled buffer follows
+from the row and column alone.
 
-The scales are made as `dequantize_nvfp4` makes them (the swizzled E4M3 block scales unswizzled, × the tensor scale,
-in float32: a sixteenth of the weight's size). Without Triton, or off CUDA (outside the tests, which run it in
-Triton's interpreter), `dequantize` is `dequantize_nvfp4` itself.
+Without Triton, or off CUDA (outside the tests, which run it in Triton's interpreter), `dequantize` is
+`dequantize_nvfp4` itself.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ except ImportError:
     triton = tl = None
 
 log = logging.getLogger("ltx25")
-BLOCK_BYTES = 1024  # packed bytes per program (2048 weights)
+ROW_BYTES = 1024  # packed bytes of one row per program (2048 weights)
 _WORKS: dict[str, bool] = {}  # device → the kernel compiled there and decoded a probe as the torch ops do
 
 
@@ -72,13 +75,14 @@ def dequantize(packed: torch.Tensor, block_scale: torch.Tensor, tensor_scale: to
 def _launch(packed: torch.Tensor, block_scale: torch.Tensor, tensor_scale: torch.Tensor,
             dtype: torch.dtype) -> torch.Tensor:
     rows, half = packed.shape
-    # contiguous: the kernel finds a weight's scale by its flat byte index / 8
-    scales = quant.nvfp4_scales(block_scale, tensor_scale, rows, half * 2).contiguous()
     out = torch.empty(rows, half * 2, dtype=dtype, device=packed.device)
-    n_bytes = packed.numel()
+    # the swizzled buffer's column tiles: 4 block scales (64 weights) each, the row's scales padded to a multiple of 4
+    col_tiles = triton.cdiv(half * 2 // quant.NVFP4_BLOCK, 4)
     if not torch.compiler.is_compiling():  # the sampler applied it before compiling; keep Dynamo out of it
         compile_cache.ensure_applied()
-    _decode[(triton.cdiv(n_bytes, BLOCK_BYTES),)](packed.contiguous(), scales, out, n_bytes, BLOCK=BLOCK_BYTES)
+    grid = (rows, triton.cdiv(half, ROW_BYTES))
+    _decode[grid](packed.contiguous(), block_scale.reshape(-1).view(torch.uint8),
+                  tensor_scale.float().reshape(1), out, half, col_tiles, BLOCK=ROW_BYTES)
     return out
 
 
@@ -94,13 +98,26 @@ if triton is not None:
         return magnitude * tl.where((nibble & 8) != 0, -1.0, 1.0)
 
     @triton.jit
-    def _decode(packed_ptr, scale_ptr, out_ptr, n_bytes, BLOCK: tl.constexpr):
-        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        inside = offsets < n_bytes
-        byte = tl.load(packed_ptr + offsets, mask=inside, other=0).to(tl.int32)
-        # 16 weights = 8 bytes share a scale; a row's bytes are a multiple of 8, so the flat index works across rows
-        scale = tl.load(scale_ptr + offsets // 8, mask=inside, other=0.0)
-        high, low = _e2m1(byte >> 4) * scale, _e2m1(byte & 15) * scale  # the high nibble is the first weight
-        kind = out_ptr.dtype.element_ty
-        tl.store(out_ptr + 2 * offsets, high.to(kind), mask=inside)
-        tl.store(out_ptr + 2 * offsets + 1, low.to(kind), mask=inside)
+    def _e4m3(byte):
+        # a block scale (never negative, never NaN): exponent bits 6-3 (bias 7), mantissa bits 2-0; the float32 with
+        # the same exponent and mantissa, built from its bits so no FP8 type is needed (Triton's interpreter has none)
+        e = (byte >> 3) & 15
+        m = byte & 7
+        normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+        return tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)  # subnormal: m · 2^-9
+
+    @triton.jit
+    def _decode(packed_ptr, scale_ptr, tensor_scale_ptr, out_ptr, half, col_tiles, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        column = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # byte column in the row
+        inside = column < half
+        byte = tl.load(packed_ptr + row * half + column, mask=inside, other=0).to(tl.int32)
+        # 8 bytes (16 weights) share a block scale; the buffer is [row tile, col tile, r % 32, (r % 128) // 32, c % 4]
+        c = column // 8
+        swizzled = ((row // 128) * col_tiles + c // 4) * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4 + c % 4
+        block = _e4m3(tl.load(scale_ptr + swizzled, mask=inside, other=0).to(tl.int32))
+        scale = block * tl.load(tensor_scale_ptr)  # the float32 product dequantize_nvfp4 forms
+        weights = tl.interleave(_e2m1(byte >> 4) * scale, _e2m1(byte & 15) * scale)  # the high nibble first
+        weight_column = tl.program_id(1) * 2 * BLOCK + tl.arange(0, 2 * BLOCK)
+        tl.store(out_ptr + row * 2 * half + weight_column, weights.to(out_ptr.dtype.element_ty),
+                 mask=weight_column < 2 * half)
