@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from . import bridge
 from .handles import latent_for_decoder
-from .decode_tiling import tiling_inputs
+from .decode_tiling import ready_to_decode, tiling_inputs
 from ..ltx.decode.tiling import TilingRequest
 
 CATEGORY = "LTX-2.5/decode"
 NODE = "LTX25ConvVAEDecode"
 # the reference's conv-VAE tiling: 768 px tiles with 64 px overlap, 80-frame tiles with 24 frames overlap
 TILING_INPUTS = tiling_inputs(80, 768, 24, 64, "Larger hides seams better and costs more (temporal tiles also share "
-                              "one more latent frame, whose causal first frame is dropped).")
+                              "one more latent frame, whose causal first frame is dropped).", keeps_loaded=True)
 
 
 class LTX25ConvVAEDecode:
@@ -31,15 +31,17 @@ class LTX25ConvVAEDecode:
 
     def decode(self, video_vae, latent, tiling, tile_frames, tile_pixels, overlap_frames, overlap_pixels,
                memory_budget_gb):
-        from ..ltx.decode.conv_vae import decode_conv, working_memory
+        from ..ltx.decode.conv_vae import decode_conv, tiles_within, working_memory
         samples = latent_for_decoder(NODE, video_vae, latent, "conv", "ltx-2.5-video-vae-conv-bf16.safetensors",
                                      "LTX-2.5 Diffusion VAE Decode")
         request = TilingRequest(tiling, tile_frames, tile_pixels, overlap_frames, overlap_pixels, memory_budget_gb)
         request.check(NODE)
-        # Ask model management for room to decode untiled (evicting the sampler's models); auto then tiles only
-        # if even that much is not free.
-        vae = video_vae.ready(working_memory(video_vae.module, tuple(samples.shape), request))
-        images, stats = decode_conv(vae, samples, request, bridge.free_device_memory(),
+        # Room to decode untiled, or tiles that fit beside the loaded models rather than evicting the sampler's
+        # transformer; auto then plans within `free`.
+        shape = tuple(samples.shape)
+        vae, free = ready_to_decode(video_vae, request, working_memory(video_vae.module, shape, request),
+                                    lambda budget: tiles_within(video_vae.module, shape, request, budget))
+        images, stats = decode_conv(vae, samples, request, free,
                                     bridge.step_callback(1, "conv VAE decode"), where=NODE,
                                     check=bridge.check_interrupt, on_plan=bridge.show_on_node)
         # The ui entry carries the figures the canvas shows on the node (web/ltx25_ab_viewer.js).

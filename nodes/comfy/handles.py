@@ -108,6 +108,10 @@ class Loaded:
         return replace(self.with_weight_deltas(lora.patches, strength, apply), reference=reference,
                        loras=(*self.loras, name))
 
+    def spare_memory(self) -> int:
+        """Working memory `ready` can be given without evicting another model."""
+        return bridge.spare_device_memory(self.patcher)
+
     def ready(self, memory_required: int = 0) -> torch.nn.Module:
         """Load onto the compute device through model management (evicting others if needed, streaming what does
         not fit, applying this view's patches); the module."""

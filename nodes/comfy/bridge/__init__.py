@@ -30,7 +30,7 @@ from .folders import (list_model_files, model_file_path, output_dir, set_models_
 from .interrupts import InterruptError, check_interrupt, interrupt_scope, request_interrupt
 from .low_rank import add_low_rank, low_rank_of, weight_patch
 from .models import (clone_patcher, discard_model, load_models, loaded_model_count, make_patcher, patch_key_prefix,
-                     unload_model)
+                     spare_device_memory, unload_model)
 from .node_text import show_on_node
 from .progress import step_callback
 from .standalone import FAST_PINNING
@@ -44,7 +44,7 @@ __all__ = [
     "InterruptError", "check_interrupt", "interrupt_scope", "request_interrupt",
     "add_low_rank", "low_rank_of", "weight_patch",
     "clone_patcher", "discard_model", "load_models", "loaded_model_count", "make_patcher", "patch_key_prefix",
-    "unload_model",
+    "spare_device_memory", "unload_model",
     "show_on_node", "step_callback",
     "FAST_PINNING",
 ]

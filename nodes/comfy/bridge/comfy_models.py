@@ -203,6 +203,14 @@ def _comfy_load(patchers: list, memory_required: int) -> None:
     _in_use = ([weakref.ref(p) for p in patchers], memory_required)
 
 
+def _comfy_spare(patcher) -> int:
+    """`spare_device_memory` in ComfyUI: `load_models_gpu` evicts until the free memory covers the weights still to
+    load × 1.1 plus the larger of its inference minimum and the request, each with the `--reserve-vram` reserve."""
+    to_load = max(patcher.model_size() - patcher.loaded_size(), 0)
+    room = _mm.get_free_memory(patcher.load_device) - 1.1 * to_load - _mm.extra_reserved_memory()
+    return int(room) if room >= _mm.minimum_inference_memory() - _mm.extra_reserved_memory() else 0
+
+
 def _install_low_rank_comfy(patcher) -> None:
     """After ComfyUI placed the model: install the view's on-the-fly LoRAs next to their layers (on the device, or
     on the host for the blocks left there) and, when blocks stream, rebuild the streamer so the streamed blocks'

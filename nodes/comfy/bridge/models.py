@@ -6,10 +6,11 @@ from typing import Callable
 
 import torch
 
-from .comfy_models import _DeviceHolder, _comfy_load, _comfy_patcher, _comfy_unload
+from .comfy_models import _DeviceHolder, _comfy_load, _comfy_patcher, _comfy_spare, _comfy_unload
 from .comfyui import HAS_COMFY, _mm
 from .devices import compute_device, empty_cache, offload_device
-from .standalone import StandalonePatcher, _standalone_discard, _standalone_live, _standalone_load, _standalone_unload
+from .standalone import (StandalonePatcher, _standalone_discard, _standalone_live, _standalone_load, _standalone_spare,
+                         _standalone_unload)
 
 
 def make_patcher(module: torch.nn.Module, on_unload: Callable[[torch.nn.Module], None] | None = None,
@@ -40,6 +41,14 @@ def load_models(patchers: list, memory_required: int = 0) -> None:
         _comfy_load(patchers, memory_required)
         return
     _standalone_load(patchers, memory_required)
+
+
+def spare_device_memory(patcher) -> int:
+    """The working memory `load_models([patcher], memory_required)` can be given without evicting another model:
+    the free device memory less the patcher's weights still to place and the reserve model management keeps."""
+    if HAS_COMFY:
+        return _comfy_spare(patcher)
+    return _standalone_spare(patcher)
 
 
 def unload_model(patcher) -> None:

@@ -192,6 +192,13 @@ def _standalone_load(patchers: list, memory_required: int) -> None:
             _standalone_loaded.append(weakref.ref(p))
 
 
+def _standalone_spare(patcher) -> int:
+    """`spare_device_memory` without ComfyUI: `_standalone_load` evicts when the request and the weights still to
+    place exceed the free memory less the placement headroom."""
+    to_place = 0 if patcher.is_loaded() else patcher.model_size()
+    return max(free_device_memory() - PLACEMENT_HEADROOM - to_place, 0)
+
+
 def _standalone_unload(patcher) -> None:
     """`unload_model` without ComfyUI."""
     patcher.unload()

@@ -13,6 +13,7 @@ diffusers groups it as `mid_block` + four `up_blocks`, each an upsampler followe
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from diffusers.models.autoencoders.autoencoder_kl_ltx2 import LTX2VideoDecoder3d
 from ..files.assets import Kind, expect_kind, read_state_dict
 from ..files.config import config_field
 from .conv_tiling import CostModel, TilePlan, plan_tiles, spatial_pixels, temporal_pixels, tile_batch
-from .tiling import TilingRequest
+from .tiling import TilingRequest, work_ratio
 from .stats import DecodeStats
 from ..errors import LTX25Error
 from ..files.keymap import Drop, KeyMap, load_strict
@@ -149,6 +150,17 @@ def working_memory(vae: ConvVideoVAE, latent_shape: tuple[int, ...], request: Ti
     even that much is not free)."""
     request = request if request is not None and request.mode == "manual" else TilingRequest("off")
     return decode_plan(vae, tuple(latent_shape), request, None).estimate_bytes
+
+
+def tiles_within(vae: ConvVideoVAE, latent_shape: tuple[int, ...], request: TilingRequest,
+                 budget: int) -> tuple[int, float] | None:
+    """(estimated bytes, work ratio) of the `auto` tiles `decode_conv` plans within `budget` bytes of working
+    memory (the request's overlaps), None when even its smallest tiles do not fit."""
+    plan = decode_plan(vae, tuple(latent_shape), dataclasses.replace(request, mode="auto"), budget)
+    if plan.estimate_bytes > budget:
+        return None
+    spans = [[stop - start for start, stop in axis] for axis in (plan.frames, plan.rows, plan.cols)]
+    return plan.estimate_bytes, work_ratio(spans, plan.latent_shape)
 
 
 def _cost(vae: ConvVideoVAE, batch: int) -> CostModel:

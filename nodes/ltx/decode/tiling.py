@@ -71,6 +71,42 @@ class TilingRequest:
         return budget - weight_bytes
 
 
+# A tiled conv decode that recomputes at most this much of the untiled one's work is preferred to evicting another
+# model to decode untiled. On a small card the evicted model is the sampler's transformer, placed again on the next run
+# and its CUDA graphs captured again: about 2.8 s a run for the 14 GiB NVFP4 transformer on a 24 GiB card, against
+# about +0.45 s for conv tiles doing 2.5 times the work at 768×512×121 (docs/PERFORMANCE.md). The diffusion decoder
+# does not use it yet: its tiles planned beside the transformer ran out of memory on a 24 GiB card (the allocator's
+# fragmentation is not in its estimate).
+MAX_WORK_TO_KEEP_LOADED = 2.5
+
+
+def working_memory_request(request: TilingRequest, untiled: int, spare: int,
+                           tiled_within: Callable[[int], tuple[int, float] | None]) -> int:
+    """The working memory a decode asks model management to make room for (evicting other models if needed).
+
+    `untiled`: the untiled decode's estimate (the manual tiles' for `manual`); `spare`: what the device has for
+    the decode without evicting any other model; `tiled_within(budget)`: `(estimate, work ratio)` of the auto tiles
+    planned within `budget`, None when none fit. `auto` without a budget of its own asks for tiles that fit beside
+    the loaded models when the untiled decode does not, unless they recompute more than `MAX_WORK_TO_KEEP_LOADED`
+    times the untiled work; otherwise (and for `off`, `manual` or a set budget) the untiled estimate, as before."""
+    if request.mode != "auto" or request.memory_budget_gb > 0 or untiled <= spare:
+        return untiled
+    beside = tiled_within(spare)
+    if beside is None:
+        return untiled
+    estimate, work = beside
+    return estimate if estimate <= spare and work <= MAX_WORK_TO_KEEP_LOADED else untiled
+
+
+def work_ratio(spans_per_axis: Iterable[Iterable[int]], lengths: Iterable[int]) -> float:
+    """Decoded volume of a tile grid over the clip's: per axis, the tiles' summed lengths over the axis's length
+    (overlaps decoded twice), multiplied over the axes."""
+    ratio = 1.0
+    for spans, length in zip(spans_per_axis, lengths):
+        ratio *= sum(spans) / length
+    return ratio
+
+
 def axis_cuts(length: int, tile: int, overlap: int, floor: int | None = None) -> tuple[Interval, ...]:
     """Cover `[0, length)` with tiles of `tile` that advance by `tile − overlap`; one tile when it all fits.
 

@@ -1,0 +1,111 @@
+"""A decode that does not fit untiled beside the loaded models tiles to fit beside them rather than evicting them,
+when the tiles' extra work is bounded (tiling.working_memory_request): on a small card the evicted model is the
+sampler's transformer, placed again and its CUDA graphs captured again on every run."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nodes.comfy import bridge
+from nodes.comfy.decode_conv import LTX25ConvVAEDecode
+from nodes.comfy.handles import Loaded
+from nodes.ltx.decode import conv_vae as cv
+from nodes.ltx.decode import tiling
+from nodes.ltx.decode.tiling import TilingRequest, working_memory_request
+from nodes.ltx.files.assets import inspect_asset
+
+GIB = 2**30
+LATENT = (1, 128, 17, 4, 4)  # long enough for temporal tiles of bounded extra work on the tiny decoder
+
+
+class ResidentModel:
+    """A loaded model occupying fake device memory (the sampler's transformer), so eviction shows on the CPU."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.on_device, self.model = size, False, self
+        self.load_device, self.on_unload = "fake", None
+
+    def model_size(self) -> int:
+        return self.size
+
+    def is_loaded(self) -> bool:
+        return self.on_device
+
+    def unload(self) -> None:
+        self.on_device = False
+
+    def apply_patches(self) -> bool:
+        return False
+
+    def planned_working_memory(self) -> int:
+        return 1 << 62
+
+    def place(self, _memory_required: int) -> None:
+        self.on_device = True
+
+
+def test_the_request_is_untiled_unless_tiles_fit_beside_the_loaded_models_with_bounded_work():
+    auto, untiled = TilingRequest(), 10 * GIB
+    beside = {4 * GIB: (3 * GIB, 1.4), 2 * GIB: (1.5 * GIB, 2.6)}
+    ask = lambda request, spare: working_memory_request(request, untiled, spare, beside.get)  # noqa: E731
+    assert ask(auto, 12 * GIB) == untiled, "it fits untiled: nothing to evict, nothing to tile"
+    assert ask(auto, 4 * GIB) == 3 * GIB, "tiles of bounded work fit beside the loaded models"
+    assert ask(auto, 2 * GIB) == untiled, "tiles doing 2.6 times the work: evicting is cheaper"
+    assert ask(auto, 1 * GIB) == untiled, "no tiles fit: evict for the untiled decode as before"
+    for chosen in (TilingRequest("off"), TilingRequest("manual"), TilingRequest(memory_budget_gb=12.0)):
+        assert ask(chosen, 4 * GIB) == untiled, f"{chosen}: the user's choice is not second-guessed"
+
+
+def test_spare_memory_is_what_a_load_gets_without_evicting(monkeypatch):
+    """`spare_device_memory` and the standalone manager's eviction agree: a request of the spare bytes evicts
+    nothing, one byte more evicts the transformer."""
+    transformer, decoder = ResidentModel(8 * GIB), ResidentModel(2 * GIB)
+    live = bridge.standalone._standalone_live
+    monkeypatch.setattr(bridge.standalone, "free_device_memory",
+                        lambda device=None: 16 * GIB - sum(p.size for p in live() if p.on_device))
+    bridge.load_models([transformer])
+    spare = bridge.spare_device_memory(decoder)
+    assert spare == 16 * GIB - 8 * GIB - bridge.standalone.PLACEMENT_HEADROOM - 2 * GIB
+    bridge.load_models([decoder], memory_required=spare)
+    assert transformer.on_device and decoder.on_device
+    bridge.unload_model(decoder)
+    bridge.load_models([decoder], memory_required=spare + 1)
+    assert not transformer.on_device, "a byte more than the spare memory evicts"
+
+
+@pytest.fixture
+def conv(tiny_file):
+    return Loaded.register(cv.load_conv_vae(tiny_file("conv_vae")), inspect_asset(tiny_file("conv_vae")))
+
+
+def _card(monkeypatch, capacity: int) -> None:
+    """A fake device of `capacity` bytes for the standalone manager and the decode's own planning."""
+    live = bridge.standalone._standalone_live
+
+    def free(device=None) -> int:
+        return capacity - sum(p.size for p in live() if isinstance(p, ResidentModel) and p.on_device)
+    monkeypatch.setattr(bridge.standalone, "free_device_memory", free)
+    monkeypatch.setattr(bridge, "free_device_memory", free)
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_conv_decode_tiles_beside_the_transformer_instead_of_evicting_it(conv, monkeypatch, bounded):
+    """A card with room for the transformer and 70 % of the untiled decode: the decode keeps the transformer and
+    tiles within that room, not within the free memory's reserve too; when tiles doing that much work are not
+    allowed, the transformer is evicted and the decode runs untiled, as before."""
+    untiled = cv.working_memory(conv.module, LATENT, TilingRequest())
+    beside = cv.tiles_within(conv.module, LATENT, TilingRequest(), int(0.7 * untiled))
+    assert beside is not None and 1.0 < beside[1] <= tiling.MAX_WORK_TO_KEEP_LOADED, beside
+    if not bounded:
+        monkeypatch.setattr(tiling, "MAX_WORK_TO_KEEP_LOADED", beside[1] - 0.01)
+    transformer = ResidentModel(8 * GIB)
+    _card(monkeypatch, 8 * GIB + bridge.standalone.PLACEMENT_HEADROOM + int(0.7 * untiled))
+    bridge.load_models([transformer])
+    latent = {"samples": torch.randn(LATENT, generator=torch.Generator().manual_seed(3))}
+    images, stats = LTX25ConvVAEDecode().decode(conv, latent, "auto", 80, 768, 24, 64, 0.0)["result"]
+    assert transformer.on_device is bounded, "kept loaded when the tiles' work is bounded, else evicted"
+    assert (stats.tile_count > 1) is bounded, stats
+    assert images.shape == (129, 128, 128, 3)
+    planned = stats.extra["estimate_bytes"]
+    assert planned <= int(0.7 * untiled) if bounded else planned == untiled, "tiles planned beside the transformer"
+    bridge.unload_model(transformer)
