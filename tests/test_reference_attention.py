@@ -126,12 +126,13 @@ def _biased(transformer, x: torch.Tensor, layout: R.AttentionLayout) -> torch.Te
 
 
 def test_biased_attention_is_a_softmax_with_the_weights_multiplied_in(transformer):
-    """Block 0's video self-attention on 2 clips of 4 clip tokens + 2 guide tokens + 3 reference tokens (weights 0.2,
+    """Block 0's video self-attention on 3 clips of 4 clip tokens + 2 guide tokens + 3 reference tokens (weights 0.2,
     0.5, 1): equal to the attention computed directly with ltx-core's weight matrix multiplied into the softmax, for
-    both rows of the batch (the bias is broadcast, not batched). Fails if the bias is the linear `(1 − w)·−10000` of
+    every clip of the batch (the bias is broadcast over clips and heads; 3 clips, not the tiny model's 2 heads, so a
+    broadcast over heads only cannot pass by coincidence). Fails if the bias is the linear `(1 − w)·−10000` of
     diffusers' own video mask, or lands on the wrong rows or columns."""
     attn = transformer.dit.transformer_blocks[0].attn1
-    x = randn((2, 9, attn.query_dim), 11)
+    x = randn((3, 9, attn.query_dim), 11)
     pieces = ((2, None), (3, torch.tensor([0.2, 0.5, 1.0])))
     got = _biased(transformer, x, R.AttentionLayout(4, pieces))
     with torch.no_grad():
