@@ -328,8 +328,8 @@ def denoise(model: LTX25Transformer, video: torch.Tensor, audio: torch.Tensor, s
             fps: float, guided: GuidedStage | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x0 predictions for noisy latents at `sigma`: video `[B, 128, F', H', W']`, audio `[B, 8, T, 16]` (normalized
     latents, any float dtype) → (x0 video, x0 audio), same layouts, float32, on the inputs' devices. With `guided`
-    (guides.GuidedStage, on the DiT's device) the video carries its appended guide frames and every token gets its
-    own timestep σ·mask.
+    (guides.GuidedStage, on the DiT's device) the video carries its appended guide frames, every token gets its
+    own timestep σ·mask, and a reference's attention strength biases the video self-attention.
 
     `x0 = latent − v·t` per token in float32 (the reference X0Model). The text context gets no mask (docs/MODEL.md
     §4.1 step 5). The blend that keeps conditioned tokens (`GuidedStage.hold`) is the sampler's, after guidance.
