@@ -129,11 +129,12 @@ class LTX25ReferenceVideoGuide:
     def guide(self, model, images, video_encoder, strength, guides=None, attention_strength=1.0,
               attention_mask=None):
         from ..ltx.dit.guides import Guides, ReferenceGuide
+        from ..ltx.dit.reference_attention import check_attention_strength
         from ..ltx.encode.image_prep import reference_clip_frames
         from .encode import check_image
         frames = check_image(images, f"{NODE}.images")
         strength = check_strength(strength, f"{NODE}.strength")
-        attention = check_strength(attention_strength, f"{NODE}.attention_strength")
+        attention = check_attention_strength(attention_strength, f"{NODE}.attention_strength")
         mask = None if attention_mask is None else MaskProvider(check_mask(attention_mask, f"{NODE}.attention_mask"))
         if not getattr(model, "loras", ()):
             # A plain LoRA cannot be told from an IC-LoRA trained at scale 1 (neither carries metadata), so any

@@ -40,9 +40,9 @@ import torch
 from ..errors import LTX25Error
 from ..geometry import (AUDIO_BINS, AUDIO_CHANNELS, AUDIO_LATENTS_PER_SECOND, SPATIAL_COMPRESSION,
                         TEMPORAL_COMPRESSION, VIDEO_CHANNELS, audio_latent_frames, pixel_frames)
-from .reference_attention import AttentionLayout, reference_weights
 from .positions import (VIDEO_SCALE, audio_position_bounds, first_frame_keyframes_mask, latent_pixel_bounds,
                         patchify_audio, patchify_video, video_position_bounds)
+from .reference_attention import AttentionLayout, check_attention_strength, reference_weights
 
 VIDEO_MODES = ("auto", "replace", "append")
 
@@ -445,14 +445,10 @@ def _reference(reference: ReferenceGuide, grid: StageGrid, where: str, label: st
     strength = _strength(reference.strength, where, label)
     count = latent.shape[2]
     coords = reference_position_bounds(b, count, h, w, grid.fps, spatial, temporal, device)
-    attention = reference.attention_strength
-    if isinstance(attention, bool) or not (isinstance(attention, (int, float)) and math.isfinite(attention)
-                                           and 0.0 <= attention <= 1.0):
-        raise LTX25Error(where, f"{label}'s attention strength", attention,
-                         "in [0, 1] (1: full attention between the clip and the reference; 0: none)")
+    attention = check_attention_strength(reference.attention_strength, where, f"{label}'s attention strength")
     mask = reference.attention_mask
     mask = mask(grid, (count, h, w)) if callable(mask) else mask
-    weights = reference_weights(float(attention), mask, count * h * w, where, label)
+    weights = reference_weights(attention, mask, count * h * w, where, label)
     return latent, torch.full((b, 1, count, h, w), 1.0 - strength, device=device), coords, weights
 
 

@@ -19,6 +19,7 @@ duration of one forward (`biased_video_self_attention`), the way perturbation.py
 """
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
@@ -74,6 +75,14 @@ def log_weights(weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     weights = weights.float()
     log = weights.clamp(min=torch.finfo(torch.float32).tiny).log().to(dtype)
     return torch.where(weights > 0, log, torch.full_like(log, torch.finfo(dtype).min))
+
+
+def check_attention_strength(value: float, where: str, what: str = "the attention strength") -> float:
+    """An attention strength as a float in [0, 1], or an LTX25Error naming `where`."""
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and 0 <= value <= 1):
+        raise LTX25Error(where, what, value, "in [0, 1] (1: full attention between the clip and the reference, as "
+                         "trained; 0: none)")
+    return float(value)
 
 
 def reference_weights(strength: float, mask: torch.Tensor | None, tokens: int, where: str,
