@@ -3,7 +3,9 @@ tokens at the size and frame spacing the model's IC-LoRA was trained with, as Li
 
 Like the Image Guide it hands the sampler a provider: the stage calls it with its grid, and it fits the frames to
 1/s of that stage's size (cover and centre-crop) and encodes them. The reference pipeline uses the reference video in
-stage 1 only, where the IC-LoRA is applied; its stage 2 runs the plain model with neither.
+stage 1 only, where the IC-LoRA is applied; its stage 2 runs the plain model with neither. An attention strength
+below 1 or a mask weighs how much the clip and the reference attend to each other (a mask provider resizes the mask
+to the reference's latent grid at the stage's size).
 """
 from __future__ import annotations
 
@@ -54,6 +56,42 @@ class ReferenceProvider:
         return self.cache[key]
 
 
+class MaskProvider:
+    """The attention mask `[F, H, W]` as one weight per reference token for a stage grid and the reference latent's
+    (f, h, w) there (`reference_attention.mask_video_tokens`), after checking its aspect like the frames'."""
+
+    def __init__(self, mask):
+        self.mask = mask
+
+    def __call__(self, grid, latent_fhw):
+        from ..ltx.dit.reference_attention import mask_video_tokens
+        from ..ltx.encode.image_prep import crop_fraction
+        from ..ltx.geometry import pixel_frames
+        stage_hw = (grid.pixel_height, grid.pixel_width)
+        cut = crop_fraction(tuple(self.mask.shape[1:3]), stage_hw)
+        if cut > MAX_CROP:
+            raise LTX25Error(f"{NODE}.attention_mask", "the mask's aspect",
+                             f"{self.mask.shape[2]}×{self.mask.shape[1]} px (fitting it to the clip's "
+                             f"{grid.pixel_width}×{grid.pixel_height} would cut {cut:.0%} of it)",
+                             f"the clip's aspect within {MAX_CROP:.0%}", "Give the mask the reference video's size.")
+        return mask_video_tokens(self.mask, stage_hw, latent_fhw, pixel_frames(grid.frames), f"{NODE}.attention_mask")
+
+
+def check_mask(mask, where: str):
+    """A ComfyUI MASK `[F, H, W]` (or one `[H, W]` frame) of finite values in [0, 1], float32 on the CPU."""
+    import torch
+    if not isinstance(mask, torch.Tensor) or mask.ndim not in (2, 3) or 0 in mask.shape \
+            or not mask.is_floating_point():
+        found = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise LTX25Error(where, "the mask", found, "a MASK: float frames [F, H, W] (or one [H, W])",
+                         "Connect a mask video, e.g. a video's frames through Convert Image to Mask.")
+    mask = mask.detach().float().cpu()
+    if not torch.isfinite(mask).all() or mask.min() < 0 or mask.max() > 1:
+        raise LTX25Error(where, "the mask's values", f"in [{mask.min():.3g}, {mask.max():.3g}]",
+                         "finite values in [0, 1] (0: no attention, 1: full)")
+    return mask[None] if mask.ndim == 2 else mask
+
+
 class LTX25ReferenceVideoGuide:
     DESCRIPTION = ("Conditions stage 1 on an IC-LoRA's reference video (a depth, pose or edge video, …): appended to "
                    "the clip's tokens at the size and frame spacing the IC-LoRA was trained with.")
@@ -77,14 +115,27 @@ class LTX25ReferenceVideoGuide:
             "strength": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01, "tooltip": (
                 "1: the reference tokens stay clean, as the IC-LoRA was trained; lower lets the sampler denoise "
                 "them too.")}),
-        }, "optional": {"guides": CHAIN_INPUT}}
+        }, "optional": {
+            "guides": CHAIN_INPUT,
+            "attention_strength": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01, "tooltip": (
+                "How much the clip and the reference attend to each other in the video self-attention (times the "
+                "mask): 1 as trained (no attention mask is made); 0 the clip ignores the reference there.")}),
+            "attention_mask": ("MASK", {"tooltip": (
+                "Optional mask video [frames, H, W], values 0…1, of the reference video's size: per region and "
+                "frame, how much the clip attends to the reference (times attention_strength). One frame holds "
+                "for all; otherwise the clip's frame count (the frames output).")}),
+        }}
 
-    def guide(self, model, images, video_encoder, strength, guides=None):
+    def guide(self, model, images, video_encoder, strength, guides=None, attention_strength=1.0,
+              attention_mask=None):
         from ..ltx.dit.guides import Guides, ReferenceGuide
+        from ..ltx.dit.reference_attention import check_attention_strength
         from ..ltx.encode.image_prep import reference_clip_frames
         from .encode import check_image
         frames = check_image(images, f"{NODE}.images")
         strength = check_strength(strength, f"{NODE}.strength")
+        attention = check_attention_strength(attention_strength, f"{NODE}.attention_strength")
+        mask = None if attention_mask is None else MaskProvider(check_mask(attention_mask, f"{NODE}.attention_mask"))
         if not getattr(model, "loras", ()):
             # A plain LoRA cannot be told from an IC-LoRA trained at scale 1 (neither carries metadata), so any
             # LoRA passes; with none, the base model would only see extra clean tokens it was never trained on.
@@ -93,7 +144,7 @@ class LTX25ReferenceVideoGuide:
                              "was not trained to follow a reference video.")
         scales = model.reference
         provider = ReferenceProvider(video_encoder, frames.detach().float().cpu(), scales.spatial, scales.temporal)
-        own = Guides(reference=(ReferenceGuide(provider, strength, scales.spatial, scales.temporal),))
+        own = Guides(reference=(ReferenceGuide(provider, strength, scales.spatial, scales.temporal, attention, mask),))
         return (chain_guides(own, guides), reference_clip_frames(frames.shape[0], scales.temporal))
 
 

@@ -82,8 +82,10 @@ def stage_noise(video_latent: dict, stage: int, video, audio, held) -> tuple[tup
 
 
 def per_token(held) -> dict:
-    """`sampling.working_memory`'s extra argument for a guided stage (none without guides)."""
-    return {} if held is None else {"per_token": True}
+    """`sampling.working_memory`'s extra arguments for a guided stage (none without guides)."""
+    if held is None:
+        return {}
+    return {"per_token": True, "attention_tokens": 0 if held.attention is None else held.attention.tokens}
 
 
 # The latents and seed both samplers (distilled and guided) take, in this order.

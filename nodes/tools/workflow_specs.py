@@ -256,7 +256,8 @@ WORKFLOWS["ltx25_ic_lora"] = {
        (40, "LTX25LoraLoader", "IC-LoRA (stage 1 only)", {"model": (1, 0), "lora_file": IC_LORA_FILE[1],
                                                           "strength": 1.0}),
        (41, "LTX25ReferenceVideoGuide", "Reference video guide (stage 1)",
-        {"model": (40, 0), "images": (39, 0), "video_encoder": (24, 0), "strength": 1.0})]
+        {"model": (40, 0), "images": (39, 0), "video_encoder": (24, 0), "strength": 1.0,
+         "attention_strength": 1.0})]
     + _ab_outputs("ltx25_ic_lora"),
     "notes": {1: "Put the official LTX-2.5 files in ComfyUI's model folders (README), your IC-LoRA in loras/ and the "
                  "reference (control) video in ComfyUI's input folder.",
@@ -264,7 +265,9 @@ WORKFLOWS["ltx25_ic_lora"] = {
                   "reference videos; stage 2 runs the plain transformer, as the reference pipeline does.",
               41: "The video is fitted to 1/s of stage 1's size (cover and centre-crop; an aspect far from the "
                   "clip's is refused) and its tokens are appended clean, at positions stretched back onto the "
-                  "clip's by the IC-LoRA's factors. frames sets the clip's length to what the video covers."},
+                  "clip's by the IC-LoRA's factors. frames sets the clip's length to what the video covers. "
+                  "attention_strength (and an optional attention_mask video) lowers how much the clip attends to "
+                  "the reference."},
     "phases": {40: "Guides"},
 }
 for _workflow in WORKFLOWS.values():

@@ -113,6 +113,14 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
         # blocks stream runs eagerly (the copies, not the launches, bound its step time then).
         log.info("LTX-2.5 sampler: %s → eager, the transformer's weights are streamed", resolved)
         resolved = "eager"
+    if MODES[resolved].compile and guided is not None and guided.attention is not None:
+        # The bias reaches the video self-attention through a processor installed for each forward
+        # (reference_attention.py); compiled blocks would be traced with it and re-guarded at every call, so the
+        # blocks of such a stage run eagerly, in a CUDA graph where the mode has one.
+        fallback = "cuda_graph" if MODES[resolved].graph else "eager"
+        notify(f"LTX-2.5 sampler: {resolved} → {fallback} for this stage (a reference video's attention strength "
+               "or mask biases the attention; the compiled blocks do not take it)")
+        resolved = fallback
     spec = MODES[resolved]
     if spec.graph:
         denoise = _graph_denoiser(model, cond, fps, spec, guided, notify)
@@ -217,6 +225,7 @@ class _Graph:
     steps: Any                      # guides.Timesteps of static float32 buffers
     context: tuple[torch.Tensor, ...]
     grid: Any                       # guides.Grid of static buffers: positions and keyframe marks
+    attention: torch.Tensor | None  # the video self-attention's bias [N, N] (a reference's attention strength)
 
 
 @dataclass
@@ -279,17 +288,25 @@ def _static(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone().contiguous()
 
 
+def static_like(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A copy keeping `t`'s strides (the attention bias's rows stay aligned: reference_attention.ROW_ALIGNMENT)."""
+    if t is None:
+        return None
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+
+
 def _capture(model: torch.nn.Module, video: torch.Tensor, audio: torch.Tensor, cond, fps: float,
-             cache: _GraphCache, steps, grid) -> _Graph:
+             cache: _GraphCache, steps, grid, attention: torch.Tensor | None = None) -> _Graph:
     from .guides import Grid, Timesteps
     from .transformer import velocity
     weight = model.dit.proj_in.weight
     context = tuple(_static(t) for t in model.context(cond, weight.device, weight.dtype, video.shape[0]))
     video_tokens = _static(patchify_video(video).to(weight.device, weight.dtype))
     audio_tokens = _static(patchify_audio(audio).to(weight.device, weight.dtype))
-    steps, grid = Timesteps(*map(_static, steps)), Grid(*map(_static, grid))
-    replay = _record(lambda: velocity(model, video_tokens, audio_tokens, steps, context, grid), cache, weight.device)
-    return _Graph(replay, video_tokens, audio_tokens, steps, context, grid)
+    steps, grid, attention = Timesteps(*map(_static, steps)), Grid(*map(_static, grid)), static_like(attention)
+    replay = _record(lambda: velocity(model, video_tokens, audio_tokens, steps, context, grid, attention), cache,
+                     weight.device)
+    return _Graph(replay, video_tokens, audio_tokens, steps, context, grid, attention)
 
 
 def _graph_denoiser(model: torch.nn.Module, cond, fps: float, spec: Mode,
@@ -301,26 +318,29 @@ def _graph_denoiser(model: torch.nn.Module, cond, fps: float, spec: Mode,
         check_denoise_inputs(model.config, video, audio, cond)
         with torch.inference_mode():
             steps, grid = forward_inputs(model, video, audio, sigma, fps, guided, weight.device)
+            attention = None if guided is None else guided.attention_bias(weight.dtype, weight.device)
             key = (tuple(video.shape), tuple(audio.shape), float(fps), tuple(cond.video.shape),
                    tuple(cond.audio.shape), tuple(tuple(t.shape) for t in steps), weight.dtype, str(weight.device),
-                   spec)
+                   spec, attention is not None)
             if key not in cache.graphs:
                 if len(cache.graphs) >= MAX_GRAPHS:
                     cache.graphs.clear()
                 if not spec.compile:  # a plain capture takes a few forwards: nothing to announce
                     _set_compiled(model, False)
-                    cache.graphs[key] = _capture(model, video, audio, cond, fps, cache, steps, grid)
+                    cache.graphs[key] = _capture(model, video, audio, cond, fps, cache, steps, grid, attention)
                 else:
                     first = not _compiled_before(model)
                     message = _compile_message if first else _capture_message
                     with _announced(notify, message(video.shape, guided is not None and guided.flat)):
                         _set_compiled(model, True)
-                        cache.graphs[key] = _capture(model, video, audio, cond, fps, cache, steps, grid)
+                        cache.graphs[key] = _capture(model, video, audio, cond, fps, cache, steps, grid, attention)
             graph = cache.graphs[key]
             graph.video_tokens.copy_(patchify_video(video))
             graph.audio_tokens.copy_(patchify_audio(audio))
             for static, value in zip((*graph.steps, *graph.grid), (*steps, *grid)):
                 static.copy_(value)
+            if attention is not None:
+                graph.attention.copy_(attention)
             for static, value in zip(graph.context, model.context(cond, weight.device, weight.dtype,
                                                                      video.shape[0])):
                 static.copy_(value)

@@ -151,6 +151,7 @@ def make_guided_denoiser(model: torch.nn.Module, guidance: Guidance, fps: float,
         with torch.inference_mode():
             b, _, f, h, w = video.shape
             tokens = (patchify_video(video).to(device, dtype), patchify_audio(audio).to(device, dtype))
+            attention = None if guided is None else guided.attention_bias(dtype, device)  # shared by every row
             x0 = {}
             for group in groups:
                 rows = len(group) * b
@@ -165,7 +166,7 @@ def make_guided_denoiser(model: torch.nn.Module, guidance: Guidance, fps: float,
                     steps, grid = guided.timesteps(sigma, rows), Grid(*(_repeat(t, len(group)) for t in guided.grid))
                 inputs = tuple(t.repeat(len(group), 1, 1) if len(group) > 1 else t for t in tokens)
                 forward = _graph_forward if graphed else _eager_forward
-                v, a = forward(model, samples, inputs, steps, context, grid, (f, h, w, fps))
+                v, a = forward(model, samples, inputs, steps, context, grid, (f, h, w, fps), attention)
                 for p, v_i, a_i in zip(group, v.chunk(len(group)), a.chunk(len(group))):
                     x0[p.name] = x0_from_velocity(video, audio, v_i, a_i, sigma, device, guided)
         video_x0 = combine(guidance.video, x0["cond"][0], *(_pass(x0, n, 0) for n in ("uncond", "perturbed",
@@ -200,15 +201,16 @@ def _streaming(model: torch.nn.Module) -> bool:
     return is_streaming(model)
 
 
-def _perturbed_velocity(model, masks: Masks, tokens, steps, context, grid) -> tuple[torch.Tensor, torch.Tensor]:
+def _perturbed_velocity(model, masks: Masks, tokens, steps, context, grid,
+                        attention=None) -> tuple[torch.Tensor, torch.Tensor]:
     from .transformer import velocity
     with perturbed(model.dit.transformer_blocks, masks):
-        return velocity(model, tokens[0], tokens[1], steps, context, grid)
+        return velocity(model, tokens[0], tokens[1], steps, context, grid, attention)
 
 
-def _eager_forward(model, samples: Sequence[Perturbation], tokens, steps, context, grid, _shape):
+def _eager_forward(model, samples: Sequence[Perturbation], tokens, steps, context, grid, _shape, attention=None):
     masks = build_masks(samples, len(model.dit.transformer_blocks), steps.video.device)
-    return _perturbed_velocity(model, masks, tokens, steps, context, grid)
+    return _perturbed_velocity(model, masks, tokens, steps, context, grid, attention)
 
 
 @dataclass
@@ -216,26 +218,30 @@ class _GuidedGraph:
     replay: Callable[[], tuple[torch.Tensor, torch.Tensor]]
     statics: tuple[torch.Tensor, ...]  # video tokens, audio tokens, 4 timesteps, 2 contexts, 3 grid tensors
     held: tuple                        # the keep masks the graph reads: their memory stays theirs
+    attention: torch.Tensor | None = None  # the video self-attention's bias (reference_attention.py)
 
 
-def _graph_forward(model, samples: Sequence[Perturbation], tokens, steps, context, grid, shape):
+def _graph_forward(model, samples: Sequence[Perturbation], tokens, steps, context, grid, shape, attention=None):
     """The group's forward replayed from a CUDA graph per (shapes, perturbations), captured on first use with the
-    perturbation processors in place; inputs (tokens, timesteps, both contexts, positions) are copied into its
-    static buffers."""
+    perturbation processors in place; inputs (tokens, timesteps, both contexts, positions, the attention bias) are
+    copied into its static buffers."""
     cache = accelerated_denoise.graph_cache(model)
     values = (*tokens, *steps, *context, *grid)
     key = ("guided", tuple(samples), tuple(tuple(t.shape) for t in values), shape, tokens[0].dtype,
-           str(tokens[0].device))
+           str(tokens[0].device), attention is not None)
     if key not in cache.graphs:
         if len(cache.graphs) >= accelerated_denoise.MAX_GRAPHS:
             cache.graphs.clear()
         statics = tuple(t.detach().clone().contiguous() for t in values)
+        bias = accelerated_denoise.static_like(attention)
         masks = build_masks(samples, len(model.dit.transformer_blocks), tokens[0].device)
         replay = accelerated_denoise.record_graph(
             lambda: _perturbed_velocity(model, masks, statics[:2], Timesteps(*statics[2:6]), statics[6:8],
-                                        Grid(*statics[8:11])), cache, tokens[0].device)
-        cache.graphs[key] = _GuidedGraph(replay, statics, (masks,))
+                                        Grid(*statics[8:11]), bias), cache, tokens[0].device)
+        cache.graphs[key] = _GuidedGraph(replay, statics, (masks,), bias)
     graph = cache.graphs[key]
     for static, value in zip(graph.statics, values):
         static.copy_(value)
+    if attention is not None:
+        graph.attention.copy_(attention)
     return graph.replay()

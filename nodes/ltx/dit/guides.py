@@ -22,8 +22,10 @@ Video guides (`VideoGuide`) at a pixel frame, with a strength in [0, 1] (1: held
 Audio guides (`AudioGuide`) replace audio latents from an index (ltx-core's latent-index rule on the audio tokens).
 IC-LoRA reference videos (`ReferenceGuide`, ltx-core `VideoConditionByReferenceLatent`) are appended like guides, at
 1/s of the clip's latent grid, their positions stretched back onto the clip's by the IC-LoRA's scale factors
-(`reference_position_bounds`). Appended pieces of another grid than the clip's make the extended latent one row of
-tokens, `[B, 128, 1, 1, N]` (what the DiT sees is the token sequence either way; see `GuidedStage`).
+(`reference_position_bounds`); an attention strength or mask (ltx-core `ConditioningItemAttentionStrengthWrapper`)
+gives the stage an `AttentionLayout` for the DiT's video self-attention (reference_attention.py). Appended pieces of
+another grid than the clip's make the extended latent one row of tokens, `[B, 128, 1, 1, N]` (what the DiT sees is
+the token sequence either way; see `GuidedStage`).
 
 Frame → latent index (the video VAE is causal): pixel frame 0 ↔ latent 0; pixel frames 8k−7 … 8k ↔ latent k.
 """
@@ -40,6 +42,7 @@ from ..geometry import (AUDIO_BINS, AUDIO_CHANNELS, AUDIO_LATENTS_PER_SECOND, SP
                         TEMPORAL_COMPRESSION, VIDEO_CHANNELS, audio_latent_frames, pixel_frames)
 from .positions import (VIDEO_SCALE, audio_position_bounds, first_frame_keyframes_mask, latent_pixel_bounds,
                         patchify_audio, patchify_video, video_position_bounds)
+from .reference_attention import AttentionLayout, check_attention_strength, reference_weights
 
 VIDEO_MODES = ("auto", "replace", "append")
 
@@ -76,6 +79,9 @@ class StageGrid(NamedTuple):
 
 # A guide's latent: the tensor, or a callable that makes it for a stage's grid (e.g. encode an image at that size).
 GuideLatent = Union[torch.Tensor, Callable[[StageGrid], torch.Tensor]]
+# A reference's attention mask: weights in [0, 1], one per reference token (`[f·h·w]` or `[f, h, w]`), or a callable
+# making them for a stage's grid and the reference latent's (f, h, w) there (e.g. resize a mask video).
+ReferenceMask = Union[torch.Tensor, Callable[[StageGrid, tuple[int, int, int]], torch.Tensor]]
 
 
 @dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
@@ -100,11 +106,15 @@ class AudioGuide:
 class ReferenceGuide:
     """An IC-LoRA reference video: a normalized latent `[1 or B, 128, f, H'/spatial, W'/spatial]` (its frames taken
     as frame 0, then every `temporal`-th), appended after the clip's tokens with `strength`; `spatial` and `temporal`
-    are the IC-LoRA's `ReferenceScales`."""
+    are the IC-LoRA's `ReferenceScales`. `attention_strength` (in [0, 1]) times `attention_mask` (None: 1 everywhere)
+    weighs the attention between the clip's tokens and the reference's (reference_attention.py); at 1 without a mask
+    the DiT runs unmasked."""
     latent: GuideLatent
     strength: float = 1.0
     spatial: int = 1
     temporal: int = 1
+    attention_strength: float = 1.0
+    attention_mask: ReferenceMask | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -224,6 +234,7 @@ class GuidedStage:
     audio_frozen: bool     # every audio token held: audio-to-video
     offsets: tuple[int, int] = (0, 0)
     clip_grid: tuple[int, int] | None = None  # the clip's (H', W'); None: the video tensors' own
+    attention: AttentionLayout | None = None  # the video self-attention's weights (a reference's attention strength)
     _tokens: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -248,7 +259,18 @@ class GuidedStage:
         move = lambda t: t.to(device)  # noqa: E731
         return GuidedStage(move(self.video_clean), move(self.video_mask), move(self.audio_clean),
                            move(self.audio_mask), Grid(*map(move, self.grid)), self.frames, self.video_frozen,
-                           self.audio_frozen, self.offsets, self.clip_grid)
+                           self.audio_frozen, self.offsets, self.clip_grid,
+                           None if self.attention is None else self.attention.to(device))
+
+    def attention_bias(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+        """The video self-attention's additive bias `[T, T]` in `dtype` (`AttentionLayout.bias`), made once per dtype
+        and device; None when no reference carries an attention strength or mask (the DiT then runs unmasked)."""
+        if self.attention is None:
+            return None
+        key = ("attention", str(device), dtype)
+        if key not in self._tokens:
+            self._tokens[key] = self.attention.bias(dtype, device)
+        return self._tokens[key]
 
     def extend(self, video: torch.Tensor) -> torch.Tensor:
         """The clip's latent `[B, 128, F, H', W']` with the appended pieces' slots (zeros, as the reference starts
@@ -339,7 +361,8 @@ def resolve(guides: Guides | None, video: torch.Tensor, audio: torch.Tensor, fps
     device = video.device
     video_clean = video.detach().float().clone()
     video_mask = torch.ones(b, 1, f, h, w, device=device)
-    appended: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (latent, mask, coords)
+    # (latent, mask, coords, attention weights or None)
+    appended: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
     for number, guide in enumerate(guides.video, 1):
         label = f"video guide {number}"
         latent = _latent(guide.latent, grid, where, label, 5, VIDEO_CHANNELS, (h, w), "H', W'", b, device)
@@ -361,7 +384,7 @@ def resolve(guides: Guides | None, video: torch.Tensor, audio: torch.Tensor, fps
             video_mask[:, :, start:start + count] = 1.0 - strength
         else:
             coords = guide_position_bounds(b, count, h, w, frame, grid.fps, device)
-            appended.append((latent, torch.full((b, 1, count, h, w), 1.0 - strength, device=device), coords))
+            appended.append((latent, torch.full((b, 1, count, h, w), 1.0 - strength, device=device), coords, None))
     audio_clean = audio.detach().float().clone()
     audio_mask = torch.ones(b, 1, t, 1, device=device)
     for number, guide in enumerate(guides.audio, 1):
@@ -392,15 +415,19 @@ def resolve(guides: Guides | None, video: torch.Tensor, audio: torch.Tensor, fps
         video_coords = torch.cat([video_coords, *(a[2] for a in appended)], dim=2)
         keyframes = torch.cat([keyframes, keyframes.new_zeros(b, video_coords.shape[2] - keyframes.shape[1], 1)],
                               dim=1)  # given guide content is never keyframe-marked (ltx-core mask_utils)
+    attention = None
+    if any(a[3] is not None for a in appended):
+        attention = AttentionLayout(f * h * w, tuple((a[0].shape[2:].numel(), a[3]) for a in appended))
     stage_grid = Grid(video_coords, audio_position_bounds(b, t, device, grid.audio_offset), keyframes)
     return GuidedStage(video_clean, video_mask, audio_clean, audio_mask, stage_grid, f,
                        bool((video_mask == 0).all()), bool((audio_mask == 0).all()),
-                       (grid.video_offset, grid.audio_offset), (h, w))
+                       (grid.video_offset, grid.audio_offset), (h, w), attention)
 
 
 def _reference(reference: ReferenceGuide, grid: StageGrid, where: str, label: str,
-               device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(latent, mask, positions) of an IC-LoRA reference video appended to this stage's tokens."""
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(latent, mask, positions, attention weights or None) of an IC-LoRA reference video appended to this stage's
+    tokens."""
     spatial, temporal = reference.spatial, reference.temporal
     for what, value in (("spatial", spatial), ("temporal", temporal)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -418,7 +445,11 @@ def _reference(reference: ReferenceGuide, grid: StageGrid, where: str, label: st
     strength = _strength(reference.strength, where, label)
     count = latent.shape[2]
     coords = reference_position_bounds(b, count, h, w, grid.fps, spatial, temporal, device)
-    return latent, torch.full((b, 1, count, h, w), 1.0 - strength, device=device), coords
+    attention = check_attention_strength(reference.attention_strength, where, f"{label}'s attention strength")
+    mask = reference.attention_mask
+    mask = mask(grid, (count, h, w)) if callable(mask) else mask
+    weights = reference_weights(attention, mask, count * h * w, where, label)
+    return latent, torch.full((b, 1, count, h, w), 1.0 - strength, device=device), coords, weights
 
 
 def _latent(source: GuideLatent, grid: StageGrid, where: str, label: str, ndim: int, channels: int,

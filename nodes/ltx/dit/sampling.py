@@ -264,17 +264,19 @@ PER_TOKEN_ADALN = 14  # values per token and width of a per-token AdaLN: 9 block
 
 
 def working_memory(model: torch.nn.Module, video_shape: Sequence[int], audio_shape: Sequence[int],
-                   context_tokens: int = 1024, per_token: bool = False) -> int:
+                   context_tokens: int = 1024, per_token: bool = False, attention_tokens: int = 0) -> int:
     """Bytes one DiT forward on `[B, 128, F', H', W']` + `[B, 8, T, 16]` needs beyond the weights: tokens × width ×
     ~16 live values (q/k/v, attention out, the 4× FF hidden, residuals) for both streams and their 1024-token text
     contexts, at the weights' element size; `per_token` (a guided stage, the F' counting its appended guide frames)
-    adds the AdaLN modulation each token then carries."""
+    adds the AdaLN modulation each token then carries; `attention_tokens` (a stage whose reference video carries an
+    attention strength: `GuidedStage.attention`) the dense `[N, N]` attention bias twice (it and a CUDA graph's
+    copy), shared by the batch."""
     (video_width, audio_width), itemsize = stream_widths(model), next(model.parameters()).element_size()
     b, _, f, h, w = video_shape
     tokens = (f * h * w, audio_shape[2])
     adaln = (tokens[0] * video_width + tokens[1] * audio_width) * PER_TOKEN_ADALN if per_token else 0
-    return b * (((tokens[0] + context_tokens) * video_width + (tokens[1] + context_tokens) * audio_width) * 16
-                + adaln) * itemsize
+    return (b * (((tokens[0] + context_tokens) * video_width + (tokens[1] + context_tokens) * audio_width) * 16
+                 + adaln) + 2 * attention_tokens ** 2) * itemsize
 
 
 def guided_stage(guides: Guides | GuidedStage | None, video: torch.Tensor, audio: torch.Tensor, fps: float,

@@ -35,6 +35,7 @@ from ..files.keymap import KeyMap, Rename, load_strict
 from ..kernels.quantized_linear import fp8_compute_, load_keeping_quantized
 from ..release import MODEL_VERSION
 from .guides import Grid, GuidedStage, Timesteps, uniform_timesteps
+from .reference_attention import biased_video_self_attention
 from .positions import (AUDIO_LATENT_DOWNSAMPLE, AUDIO_SAMPLE_RATE, MEL_HOP_LENGTH, VIDEO_SCALE,
                         audio_position_bounds, first_frame_keyframes_mask, patchify_audio, patchify_video,
                         unpatchify_audio, unpatchify_video, video_position_bounds)
@@ -292,15 +293,18 @@ def check_denoise_inputs(config: TransformerConfig, video: torch.Tensor, audio: 
 
 
 def velocity(model: LTX25Transformer, video_tokens: torch.Tensor, audio_tokens: torch.Tensor, steps: Timesteps,
-             context: tuple[torch.Tensor, torch.Tensor], grid: Grid) -> tuple[torch.Tensor, torch.Tensor]:
+             context: tuple[torch.Tensor, torch.Tensor], grid: Grid,
+             attention: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One DiT forward on tokens: video `[B, N, 128]`, audio `[B, T, 128]` (weights' dtype), timesteps `steps` (σ
-    units, float32; `guides.uniform_timesteps` for text-to-video) → velocities of the same shapes. Pure tensor work
-    (no host syncs), so it can be captured in a CUDA graph with `steps` and `grid` as its inputs."""
+    units, float32; `guides.uniform_timesteps` for text-to-video) → velocities of the same shapes. `attention`: the
+    video self-attention's additive bias `[N, N]` (`GuidedStage.attention_bias`; None: unmasked). Pure tensor work
+    (no host syncs), so it can be captured in a CUDA graph with `steps`, `grid` and `attention` as its inputs."""
     scale = model.config.timestep_scale_multiplier
     # Per-token timesteps are σ·denoise_mask; a stream whose tokens share one σ passes it once per sample, which
     # diffusers broadcasts: the same numbers at 1/N of the AdaLN cost.
     t_video, t_audio = steps.video * scale, steps.audio * scale
-    with compat.av_scale_shift_from_own_timesteps(model.dit, t_video, t_audio):
+    with compat.av_scale_shift_from_own_timesteps(model.dit, t_video, t_audio), \
+            biased_video_self_attention(model.dit.transformer_blocks, attention):
         return model.dit(hidden_states=video_tokens, audio_hidden_states=audio_tokens,
                          encoder_hidden_states=context[0], audio_encoder_hidden_states=context[1], timestep=t_video,
                          audio_timestep=t_audio, sigma=steps.video_sigma * scale, audio_sigma=steps.audio_sigma * scale,
@@ -324,8 +328,8 @@ def denoise(model: LTX25Transformer, video: torch.Tensor, audio: torch.Tensor, s
             fps: float, guided: GuidedStage | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x0 predictions for noisy latents at `sigma`: video `[B, 128, F', H', W']`, audio `[B, 8, T, 16]` (normalized
     latents, any float dtype) → (x0 video, x0 audio), same layouts, float32, on the inputs' devices. With `guided`
-    (guides.GuidedStage, on the DiT's device) the video carries its appended guide frames and every token gets its
-    own timestep σ·mask.
+    (guides.GuidedStage, on the DiT's device) the video carries its appended guide frames, every token gets its
+    own timestep σ·mask, and a reference's attention strength biases the video self-attention.
 
     `x0 = latent − v·t` per token in float32 (the reference X0Model). The text context gets no mask (docs/MODEL.md
     §4.1 step 5). The blend that keeps conditioned tokens (`GuidedStage.hold`) is the sampler's, after guidance.
@@ -335,8 +339,9 @@ def denoise(model: LTX25Transformer, video: torch.Tensor, audio: torch.Tensor, s
         weight = model.dit.proj_in.weight
         device, dtype = weight.device, weight.dtype
         steps, grid = forward_inputs(model, video, audio, sigma, fps, guided, device)
+        attention = None if guided is None else guided.attention_bias(dtype, device)
         v, a = velocity(model, patchify_video(video).to(device, dtype), patchify_audio(audio).to(device, dtype),
-                        steps, model.context(cond, device, dtype, video.shape[0]), grid)
+                        steps, model.context(cond, device, dtype, video.shape[0]), grid, attention)
         return x0_from_velocity(video, audio, v, a, sigma, device, guided)
 
 
