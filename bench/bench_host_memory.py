@@ -130,7 +130,9 @@ def write_text_encoder(path: str, layers: int, smoke: bool) -> None:
     write_streamed(path, {**tensors, **small}, {"gemma_config": raw, "format": "pt"})
 
 
-def write_files(root: str, blocks: int, layers: int, smoke: bool) -> dict[str, str]:
+def write_files(root: str, blocks: int, layers: int, smoke: bool, nvfp4: bool = True) -> dict[str, str]:
+    """The bf16 transformer, Gemma and, with `nvfp4`, the NVFP4 transformer (each kept for the next run); the paths of
+    those that exist."""
     from nodes.tools.tiny.quantized import TRANSFORMER_LINEARS, quantize_file
     os.makedirs(os.path.join(root, "diffusion_models"), exist_ok=True)
     os.makedirs(os.path.join(root, "text_encoders"), exist_ok=True)
@@ -139,11 +141,11 @@ def write_files(root: str, blocks: int, layers: int, smoke: bool) -> dict[str, s
              "te": os.path.join(root, "text_encoders", TE_FILE)}
     if not os.path.exists(paths["dit"]):
         write_transformer(paths["dit"], blocks, smoke)
-    if not os.path.exists(paths["dit_nvfp4"]):
+    if nvfp4 and not os.path.exists(paths["dit_nvfp4"]):
         quantize_file(paths["dit"], paths["dit_nvfp4"], "nvfp4", TRANSFORMER_LINEARS)
     if not os.path.exists(paths["te"]):
         write_text_encoder(paths["te"], layers, smoke)
-    return paths
+    return {name: path for name, path in paths.items() if os.path.exists(path)}
 
 
 def file_parts(path: str, block_prefix: str) -> dict[str, int]:
@@ -397,8 +399,10 @@ def full_size(parts: dict) -> dict:
     te = parts["te"]
     projection = te.get("projection", 0)
     te_full = scale(te, FULL_LAYERS) + projection * (FULL_LAYERS + 1) // (te["blocks"] + 1) - projection
-    return {"dit_bf16_gib": scale(parts["dit"], FULL_BLOCKS) / GiB,
-            "dit_nvfp4_gib": scale(parts["dit_nvfp4"], FULL_BLOCKS) / GiB, "text_encoder_gib": te_full / GiB}
+    full = {"dit_bf16_gib": scale(parts["dit"], FULL_BLOCKS) / GiB, "text_encoder_gib": te_full / GiB}
+    if "dit_nvfp4" in parts:
+        full["dit_nvfp4_gib"] = scale(parts["dit_nvfp4"], FULL_BLOCKS) / GiB
+    return full
 
 
 def scaled(cases: dict, parts: dict, full: dict) -> dict:
@@ -433,7 +437,8 @@ def second_prompt(cases: dict, full: dict, parts: dict, released: bool) -> dict:
     loaded, last = case["stages"][1], case["stages"][-1]
     mapped = (last["VmHWM"] - loaded["VmRSS"]) / GiB
     mapped_full = mapped if released else mapped * full["text_encoder_gib"] * GiB / parts["te"]["file"]
-    pinned = {k: full[k] + STREAMED_SHARE_24GIB * full["text_encoder_gib"] for k in ("dit_bf16_gib", "dit_nvfp4_gib")}
+    pinned = {k: full[k] + STREAMED_SHARE_24GIB * full["text_encoder_gib"] for k in ("dit_bf16_gib", "dit_nvfp4_gib")
+              if k in full}
     return {"gemma_mapped_peak_gib": round(mapped, 2), "gemma_mapped_peak_full_size_gib": round(mapped_full, 2),
             "pinned_gib": {k: round(v, 1) for k, v in pinned.items()},
             "VmHWM_gib": {k: round(v + mapped_full, 1) for k, v in pinned.items()}}
@@ -454,20 +459,20 @@ def main() -> int:
                         help="do not give file pages back after a copy (the loaders before mapped_pages.py)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one case, in this process (the driver's subprocess)
     args = parser.parse_args()
+    nvfp4 = "dit_nvfp4" in (args.case or args.cases).split(",")  # the quantized copy only when a case reads it
     root = os.path.join(args.dir, "smoke" if args.smoke else f"dit{args.dit_blocks}-gemma{args.gemma_layers}")
     os.environ.setdefault("LTX25_QUIET", "1")
     if args.case:
         if args.keep_pages:
             from nodes.ltx.files import mapped_pages
             mapped_pages._MADVISE = None  # FileMappings then finds nothing to release
-        paths = write_files(root, args.dit_blocks, args.gemma_layers, args.smoke)
+        paths = write_files(root, args.dit_blocks, args.gemma_layers, args.smoke, nvfp4)
         print("RESULT " + json.dumps(run_case(args.case, paths, args.card_gib)))
         return 0
     started = time.time()
-    paths = write_files(root, args.dit_blocks, args.gemma_layers, args.smoke)
-    parts = {"dit": file_parts(paths["dit"], "model.diffusion_model.transformer_blocks."),
-             "dit_nvfp4": file_parts(paths["dit_nvfp4"], "model.diffusion_model.transformer_blocks."),
-             "te": file_parts(paths["te"], "model.layers.")}
+    paths = write_files(root, args.dit_blocks, args.gemma_layers, args.smoke, nvfp4)
+    parts = {name: file_parts(path, "model.layers." if name == "te" else "model.diffusion_model.transformer_blocks.")
+             for name, path in paths.items()}
     with open(paths["te"], "rb") as f:
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
     parts["te"]["projection"] = sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items()
