@@ -3,6 +3,7 @@
     python bench/bench_host_memory.py --out host_memory.json                  # CPU or CUDA, 4 DiT blocks, 4 Gemma layers
     python bench/bench_host_memory.py --out host_memory.json --card-gib 24    # CUDA: a 24 GiB card (filler allocation)
     python bench/bench_host_memory.py --out smoke.json --smoke                # tiny files: checks the script
+    python bench/bench_host_memory.py --out before.json --keep-pages --cases placed_te  # file pages never released
 
 The files are written in the exact native layout at the released widths (the 22B transformer's config with
 `--dit-blocks` of its 48 blocks, a bf16 and an NVFP4 copy; Gemma-4 12B with `--gemma-layers` of its 48 layers, the
@@ -19,10 +20,16 @@ weight read once (a CPU forward touches each page); `text_encoder` — Encode Pr
 the transformer, encode a prompt (Gemma placed, released), place the transformer, evict it (as the decoders do),
 encode a new prompt (Gemma placed beside the evicted transformer's host copies), place the transformer again. On
 the CPU the bridge moves nothing (load and offload device are the same); on CUDA it exercises the pinned copies,
-streaming and eviction, within `--card-gib` when given.
+streaming and eviction, within `--card-gib` when given. `placed_te` / `placed_dit` — Gemma or the bf16 transformer
+loaded and placed whole by `streaming.place`: on the compute device on CUDA; without one on the meta device as its
+stand-in, each copy to meta preceded by a read of its source (a copy to the GPU reads every page of it once; one to
+meta reads nothing), so the file pages a placement maps, and gives back once each weight is copied
+(nodes/ltx/files/mapped_pages.py), are measured on the CPU too. `--keep-pages` turns that release off (the loaders
+before it) for a before/after comparison.
 
 `full_size` gives the released files' sizes from the reduced files' headers (DiT 48 blocks, Gemma 48 layers) and
-`scaled_to_full_size` each case's VmHWM with the blocks left out added once: arithmetic on the measurements, not a
+`scaled_to_full_size` each case's VmHWM with the blocks left out added once; `second_prompt` the VmHWM predicted at
+the second new prompt with `placed_te`'s measured peak of Gemma's mapped pages: arithmetic on the measurements, not a
 measurement.
 """
 from __future__ import annotations
@@ -43,11 +50,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from safetensors import safe_open  # noqa: E402
 
 GiB = 2**30
-CASES = ("dit_as_stored", "dit_bf16", "dit_nvfp4", "text_encoder", "bridge")
+CASES = ("dit_as_stored", "dit_bf16", "dit_nvfp4", "text_encoder", "bridge", "placed_te", "placed_dit")
 FULL_BLOCKS = 48   # the released transformer's blocks and Gemma-4 12B's layers (docs/MODEL.md)
 FULL_LAYERS = 48
 DIT_FILE, DIT_NVFP4_FILE, TE_FILE = "transformer-bf16.safetensors", "transformer-nvfp4.safetensors", "gemma.safetensors"
 STATUS_FIELDS = ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem")
+STREAMED_SHARE_24GIB = 0.2  # of Gemma's weights, streamed from pinned memory on a 24 GiB card (docs/PERFORMANCE.md)
 
 
 # ---------------------------------------------------------------------------------------------------- files
@@ -122,7 +130,9 @@ def write_text_encoder(path: str, layers: int, smoke: bool) -> None:
     write_streamed(path, {**tensors, **small}, {"gemma_config": raw, "format": "pt"})
 
 
-def write_files(root: str, blocks: int, layers: int, smoke: bool) -> dict[str, str]:
+def write_files(root: str, blocks: int, layers: int, smoke: bool, nvfp4: bool = True) -> dict[str, str]:
+    """The bf16 transformer, Gemma and, with `nvfp4`, the NVFP4 transformer (each kept for the next run); the paths of
+    those that exist."""
     from nodes.tools.tiny.quantized import TRANSFORMER_LINEARS, quantize_file
     os.makedirs(os.path.join(root, "diffusion_models"), exist_ok=True)
     os.makedirs(os.path.join(root, "text_encoders"), exist_ok=True)
@@ -131,11 +141,11 @@ def write_files(root: str, blocks: int, layers: int, smoke: bool) -> dict[str, s
              "te": os.path.join(root, "text_encoders", TE_FILE)}
     if not os.path.exists(paths["dit"]):
         write_transformer(paths["dit"], blocks, smoke)
-    if not os.path.exists(paths["dit_nvfp4"]):
+    if nvfp4 and not os.path.exists(paths["dit_nvfp4"]):
         quantize_file(paths["dit"], paths["dit_nvfp4"], "nvfp4", TRANSFORMER_LINEARS)
     if not os.path.exists(paths["te"]):
         write_text_encoder(paths["te"], layers, smoke)
-    return paths
+    return {name: path for name, path in paths.items() if os.path.exists(path)}
 
 
 def file_parts(path: str, block_prefix: str) -> dict[str, int]:
@@ -235,8 +245,23 @@ def touch(module: torch.nn.Module) -> None:
     """Read every weight once, as a CPU forward does (each page of the file map is faulted in)."""
     with torch.no_grad():
         for t in [*module.parameters(), *module.buffers()]:
-            if t.device.type == "cpu" and t.numel():
-                t.view(-1)[:: max(1, 4096 // t.element_size())].float().sum()
+            touch_tensor(t)
+
+
+def touch_tensor(t: torch.Tensor) -> None:
+    if t.device.type == "cpu" and t.numel():
+        t.detach().reshape(-1)[:: max(1, 4096 // t.element_size())].float().sum()
+
+
+class ReadBeforeMeta(torch.overrides.TorchFunctionMode):
+    """The meta device as the GPU's stand-in: a copy of a CPU tensor to meta reads its source too, as a copy to the
+    device reads each of its pages once (a copy to meta alone reads nothing)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if func is torch.Tensor.to and isinstance(result, torch.Tensor) and result.is_meta:
+            touch_tensor(args[0])
+        return result
 
 
 # ---------------------------------------------------------------------------------------------------- cases
@@ -314,6 +339,28 @@ def case_bridge(paths: dict) -> list[dict]:
     return stages
 
 
+def case_placed(paths: dict, kind: str) -> list[dict]:
+    from nodes.ltx import streaming
+    from nodes.ltx.dit.transformer import load_transformer
+    from nodes.ltx.text import encoder as te
+    path = paths["te" if kind == "placed_te" else "dit"]
+    sampler, stages = Sampler(), []
+    stages.append(snapshot("start", sampler, {}, [path]))
+    if kind == "placed_te":
+        model = te.load_text_encoder(te.TextEncoderSpec.from_file(path, None))
+    else:
+        model = load_transformer(path, None)
+    stages.append(snapshot("loaded", sampler, {"model": model}, [path]))
+    if torch.cuda.is_available():  # within what is free: under --card-gib the blocks that do not fit stream (pinned)
+        streaming.place(model, torch.device("cuda"), torch.cuda.mem_get_info()[0] - GiB)
+    else:
+        with ReadBeforeMeta():
+            streaming.place(model, torch.device("meta"), 1 << 62)
+    stages.append(snapshot("placed", sampler, {"model": model}, [path]))
+    sampler.stop()
+    return stages
+
+
 def run_case(name: str, paths: dict, card_gib: float) -> list[dict]:
     if torch.cuda.is_available() and card_gib:
         total = torch.cuda.mem_get_info()[1]
@@ -322,6 +369,8 @@ def run_case(name: str, paths: dict, card_gib: float) -> list[dict]:
         return case_dit(paths, name)
     if name == "text_encoder":
         return case_text_encoder(paths)
+    if name.startswith("placed"):
+        return case_placed(paths, name)
     return case_bridge(paths)
 
 
@@ -350,8 +399,10 @@ def full_size(parts: dict) -> dict:
     te = parts["te"]
     projection = te.get("projection", 0)
     te_full = scale(te, FULL_LAYERS) + projection * (FULL_LAYERS + 1) // (te["blocks"] + 1) - projection
-    return {"dit_bf16_gib": scale(parts["dit"], FULL_BLOCKS) / GiB,
-            "dit_nvfp4_gib": scale(parts["dit_nvfp4"], FULL_BLOCKS) / GiB, "text_encoder_gib": te_full / GiB}
+    full = {"dit_bf16_gib": scale(parts["dit"], FULL_BLOCKS) / GiB, "text_encoder_gib": te_full / GiB}
+    if "dit_nvfp4" in parts:
+        full["dit_nvfp4_gib"] = scale(parts["dit_nvfp4"], FULL_BLOCKS) / GiB
+    return full
 
 
 def scaled(cases: dict, parts: dict, full: dict) -> dict:
@@ -359,18 +410,38 @@ def scaled(cases: dict, parts: dict, full: dict) -> dict:
     blocks and layers left out), each held once as the measured blocks are; activations do not grow with depth, and
     Gemma's embedding table is already whole in the reduced file. A first guess, exact only where each weight is
     held once (the CPU cases), an upper bound where a case reads part of a file only (on the CPU the bridge case
-    never reads the transformer's weights)."""
+    never reads the transformer's weights). The `placed_*` cases are left out: what they map at once does not grow
+    with depth once pages are released (`second_prompt` uses it as measured)."""
     files = {"dit_as_stored": [("dit", "dit_bf16_gib")], "dit_bf16": [("dit", "dit_bf16_gib")],
              "dit_nvfp4": [("dit_nvfp4", "dit_nvfp4_gib")], "text_encoder": [("te", "text_encoder_gib")],
              "bridge": [("dit", "dit_bf16_gib"), ("te", "text_encoder_gib")]}
     out = {}
     for name, case in cases.items():
-        if "stages" not in case:
+        if "stages" not in case or name not in files:
             continue
         added = sum(full[f] * GiB - parts[p]["file"] for p, f in files[name])
         out[name] = {"added_gib": round(added / GiB, 1),
                      "VmHWM_gib": round((case["stages"][-1]["VmHWM"] + added) / GiB, 1)}
     return out
+
+
+def second_prompt(cases: dict, full: dict, parts: dict, released: bool) -> dict:
+    """VmHWM at the second new prompt on a 24 GiB card that evicts the DiT for the decoders: the evicted DiT's pinned
+    copy (all of it), Gemma's streamed share pinned (`STREAMED_SHARE_24GIB`, read from the code: docs/PERFORMANCE.md)
+    and the most of Gemma's file mapped at once while it is placed (`placed_te`: its VmHWM above the loaded stage).
+    With the pages released that peak is about the largest tensor copied, whatever the depth; without, it is every
+    page read, so it grows to the full file."""
+    case = cases.get("placed_te", {})
+    if "stages" not in case:
+        return {}
+    loaded, last = case["stages"][1], case["stages"][-1]
+    mapped = (last["VmHWM"] - loaded["VmRSS"]) / GiB
+    mapped_full = mapped if released else mapped * full["text_encoder_gib"] * GiB / parts["te"]["file"]
+    pinned = {k: full[k] + STREAMED_SHARE_24GIB * full["text_encoder_gib"] for k in ("dit_bf16_gib", "dit_nvfp4_gib")
+              if k in full}
+    return {"gemma_mapped_peak_gib": round(mapped, 2), "gemma_mapped_peak_full_size_gib": round(mapped_full, 2),
+            "pinned_gib": {k: round(v, 1) for k, v in pinned.items()},
+            "VmHWM_gib": {k: round(v + mapped_full, 1) for k, v in pinned.items()}}
 
 
 def main() -> int:
@@ -384,31 +455,38 @@ def main() -> int:
                         help="CUDA: hold a filler so only this many GiB of the card are usable (streaming, evictions)")
     parser.add_argument("--smoke", action="store_true", help="tiny widths: checks the script in seconds")
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--keep-pages", action="store_true",
+                        help="do not give file pages back after a copy (the loaders before mapped_pages.py)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one case, in this process (the driver's subprocess)
     args = parser.parse_args()
+    nvfp4 = "dit_nvfp4" in (args.case or args.cases).split(",")  # the quantized copy only when a case reads it
     root = os.path.join(args.dir, "smoke" if args.smoke else f"dit{args.dit_blocks}-gemma{args.gemma_layers}")
     os.environ.setdefault("LTX25_QUIET", "1")
     if args.case:
-        paths = write_files(root, args.dit_blocks, args.gemma_layers, args.smoke)
+        if args.keep_pages:
+            from nodes.ltx.files import mapped_pages
+            mapped_pages._MADVISE = None  # FileMappings then finds nothing to release
+        paths = write_files(root, args.dit_blocks, args.gemma_layers, args.smoke, nvfp4)
         print("RESULT " + json.dumps(run_case(args.case, paths, args.card_gib)))
         return 0
     started = time.time()
-    paths = write_files(root, args.dit_blocks, args.gemma_layers, args.smoke)
-    parts = {"dit": file_parts(paths["dit"], "model.diffusion_model.transformer_blocks."),
-             "dit_nvfp4": file_parts(paths["dit_nvfp4"], "model.diffusion_model.transformer_blocks."),
-             "te": file_parts(paths["te"], "model.layers.")}
+    paths = write_files(root, args.dit_blocks, args.gemma_layers, args.smoke, nvfp4)
+    parts = {name: file_parts(path, "model.layers." if name == "te" else "model.diffusion_model.transformer_blocks.")
+             for name, path in paths.items()}
     with open(paths["te"], "rb") as f:
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
     parts["te"]["projection"] = sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items()
                                     if k.startswith("text_embedding_projection."))
     result = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "torch": torch.__version__, "card_gib": args.card_gib, "files": parts, "cases": {}}
+              "torch": torch.__version__, "card_gib": args.card_gib, "pages_released": not args.keep_pages,
+              "files": parts, "cases": {}}
     import safetensors
     result["safetensors"] = safetensors.__version__
     for name in args.cases.split(","):
         command = [sys.executable, os.path.abspath(__file__), "--case", name, "--dir", args.dir,
                    "--dit-blocks", str(args.dit_blocks), "--gemma-layers", str(args.gemma_layers),
-                   "--card-gib", str(args.card_gib)] + (["--smoke"] if args.smoke else [])
+                   "--card-gib", str(args.card_gib)] + (["--smoke"] if args.smoke else []) \
+            + (["--keep-pages"] if args.keep_pages else [])
         done = subprocess.run(command, capture_output=True, text=True)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode or not lines:
@@ -418,6 +496,7 @@ def main() -> int:
         stages = json.loads(lines[-1][len("RESULT "):])
         sizes = {"dit": parts["dit_nvfp4" if name == "dit_nvfp4" else "dit"]["file"]} if name.startswith("dit") \
             else {"text_encoder": parts["te"]["file"]} if name == "text_encoder" \
+            else {"model": parts["te" if name == "placed_te" else "dit"]["file"]} if name.startswith("placed") \
             else {"dit": parts["dit"]["file"], "text_encoder": parts["te"]["file"]}
         result["cases"][name] = {"stages": stages, "multiples": multiples(stages, sizes),
                                  "files_bytes": sum(sizes.values())}
@@ -429,12 +508,14 @@ def main() -> int:
               f"{sum(sizes.values()) / GiB:.2f} GiB)", file=sys.stderr)
     result["full_size"] = full_size(parts)
     result["scaled_to_full_size"] = scaled(result["cases"], parts, result["full_size"])
+    result["second_prompt"] = second_prompt(result["cases"], result["full_size"], parts, not args.keep_pages)
     result["seconds"] = round(time.time() - started, 1)
     text = json.dumps(result, indent=1)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
-    print(json.dumps({k: result[k] for k in ("device", "full_size", "scaled_to_full_size", "seconds")}))
+    print(json.dumps({k: result[k] for k in ("device", "full_size", "scaled_to_full_size", "second_prompt",
+                                             "seconds")}))
     return 0
 
 

@@ -22,6 +22,10 @@ The streamer works on whatever tensors of the blocks are off the device when it 
 caller picks, so it also covers a placement made by someone else (ComfyUI's partial loading leaves whole layers on the
 host). A streamed tensor may carry a transform, applied to its device copy each time the block runs (a weight patch
 that is not baked into the host copy).
+
+A weight read from its file is a view of the file's memory map; once `place`, `adopt` or the streamer has copied it to
+the device or into pinned memory, its pages are given back to the file (files/mapped_pages.py), so a placement never
+holds the file's pages beside the copies.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ import torch
 from torch import nn
 
 from .errors import LTX25Error
+from .files.mapped_pages import FileMappings
 
 log = logging.getLogger("ltx25")
 SLOTS = 2          # the block being computed, and the next one being copied
@@ -152,6 +157,7 @@ def place(model: nn.Module, device: torch.device, budget: int, working_bytes: in
     streamed_blocks = [block for i, block in enumerate(blocks) if i not in resident]
     streamed = {id(m) for block in streamed_blocks for m in block.modules()}
     copies = _host_copies(model)
+    files = FileMappings.current()
     for owner in model.modules():  # each owner's direct tensors go where its block goes
         target = torch.device("cpu") if id(owner) in streamed else device
         for table in (owner._parameters, owner._buffers):
@@ -166,8 +172,10 @@ def place(model: nn.Module, device: torch.device, budget: int, working_bytes: in
                 _assign(table, name, tensor.to(target, non_blocking=pinned))
                 if pinned and keep_host:
                     copies[id(table[name])] = (table[name], tensor)
+                elif not pinned:  # a synchronous copy: the source's bytes are read by now
+                    files.release(tensor)
     if streamed_blocks:
-        BlockStreamer(blocks, device, force_stream=streamed_blocks).install(model)
+        BlockStreamer(blocks, device, force_stream=streamed_blocks, files=files).install(model)
     return plan
 
 
@@ -283,11 +291,13 @@ class BlockStreamer:
 
     def __init__(self, blocks: Sequence[nn.Module], device: torch.device,
                  force_stream: Sequence[nn.Module] = (), select: Select | None = None,
-                 transform: TransformOf | None = None) -> None:
+                 transform: TransformOf | None = None, files: FileMappings | None = None) -> None:
         """Stream the blocks' tensors that `select` picks (default: those not on `device`, and every tensor of the
         `force_stream` blocks); a picked tensor not in host memory is moved there. `transform(owner, name)` may give
-        a function applied to a streamed tensor's device copy each time its block runs."""
+        a function applied to a streamed tensor's device copy each time its block runs. `files`: the process's file
+        mappings (read now when not given), whose pages a view copied into pinned memory gives back."""
         self.blocks, self.device = list(blocks), _concrete(device)
+        files = files if files is not None else FileMappings.current()
         forced = set(map(id, force_stream))
         self.streamed: dict[int, _Streamed] = {}
         for index, block in enumerate(self.blocks):
@@ -303,6 +313,7 @@ class BlockStreamer:
                     host = host.to("cpu")
                 if self.device.type == "cuda" and not host.is_pinned():
                     host = host.pin_memory()  # pinned: the copy is asynchronous and runs at the link's speed
+                    files.release(tensor)
                 _assign(table, name, host)
                 function = transform(owner, name) if transform is not None else None
                 if function is not None:
@@ -409,6 +420,7 @@ def adopt(model: nn.Module, device: torch.device, select: Select | None = None,
     device = _concrete(device)
     blocks = blocks_of(model)
     in_blocks = {id(m) for block in blocks for m in block.modules()}
+    files = FileMappings.current()
     for owner in model.modules():
         if id(owner) in in_blocks:
             continue
@@ -416,10 +428,25 @@ def adopt(model: nn.Module, device: torch.device, select: Select | None = None,
             for name, tensor in table.items():
                 if tensor is not None and tensor.device != device:
                     _assign(table, name, tensor.to(device))
-    streamer = BlockStreamer(blocks, device, select=select, transform=transform)
+                    files.release(tensor)
+    streamer = BlockStreamer(blocks, device, select=select, transform=transform, files=files)
     if not streamer.streamed_count:
         return None
     return streamer.install(model)
+
+
+def mapped_views(model: nn.Module, files: FileMappings) -> list[torch.Tensor]:
+    """The model's tensors that are views of a file mapping, detached (for `release_moved` after a placement made by
+    someone else)."""
+    return [t.detach() for _, _, t in _owned_tensors(model) if files.mapping_of(t) is not None]
+
+
+def release_moved(model: nn.Module, views: Sequence[torch.Tensor], files: FileMappings) -> int:
+    """Give back the pages of the `views` (from `mapped_views`) that the model no longer holds: someone else's
+    placement copied them off the host (ComfyUI's `module.to(device)` keeps the parameter and swaps its data). The
+    bytes advised."""
+    held = {t.data_ptr() for _, _, t in _owned_tensors(model) if t.device.type == "cpu"}
+    return sum(files.release(view) for view in views if view.data_ptr() not in held)
 
 
 def outside_blocks_bytes(model: nn.Module) -> int:

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from ...ltx import streaming
+from ...ltx.files.mapped_pages import FileMappings
 from ...ltx.kernels.lora_linear import install as install_low_rank
 from .comfyui import _mm, _patcher
 from .devices import compute_device, module_bytes, offload_device
@@ -195,11 +196,16 @@ def _comfy_load(patchers: list, memory_required: int) -> None:
                   for p in streamable if _comfy_streams(p, memory_required))
     # ComfyUI counts state_dict bytes: the on-the-fly LoRA factors (non-persistent buffers) are extra.
     factors = sum(low_rank_of(p).nbytes() for p in patchers)
+    # Weights still views of their file's map: those ComfyUI's load copies to the device give their pages back after
+    # it (streaming.release_moved), so the file never counts in the process's memory beside the copies.
+    files = FileMappings.current()
+    views = {id(p): streaming.mapped_views(_engine_module(p), files) for p in patchers}
     # A model without blocks cannot stream: ComfyUI loads it whole (evicting others), as core loads its VAEs.
     _mm.load_models_gpu(patchers, memory_required=memory_required + reserve + factors, force_full_load=not streamable)
     for p in patchers:
         _settle(p)
         _install_low_rank_comfy(p)
+        streaming.release_moved(_engine_module(p), views.pop(id(p)), files)
     _in_use = ([weakref.ref(p) for p in patchers], memory_required)
 
 
