@@ -1,7 +1,7 @@
 """The A/B graph inside ComfyUI 0.33 under its low-VRAM flags (issue 19): seconds, peak memory, and whether the outputs
 equal the uncapped run, per flag set.
 
-    python bench/bench_comfyui_lowvram.py --comfyui .comfy/ComfyUI --site /tmp/comfy_site --out $OUT/x.json
+    python bench/bench_comfyui_lowvram.py --comfyui .comfy/ComfyUI --site .comfy/site.tar.xz --out $OUT/x.json
     python bench/bench_comfyui_lowvram.py --comfyui /work/comfyui-033 --smoke      # CPU: the plumbing, tiny set
 
 ComfyUI runs in this process as tests/comfyui_inprocess_driver.py runs it: its own executor (`PromptExecutor`) and model
@@ -23,10 +23,11 @@ match when both decoders planned the same tiles, which the decode stats show). T
 VRAM (comfy-aimdo) is not started (main.py starts it; `--novram` disables it anyway); the pack's models use ComfyUI's
 classic ModelPatcher either way.
 
-ComfyUI needs packages the GPU machine may lack. `--site DIR` (appended to `sys.path`, so the machine's own packages
-win) holds the carried wheels of .comfy/wheels; ComfyUI modules still missing after that and imported by ComfyUI only
-for models this graph never builds (scipy, torchvision, torchaudio, comfy_kitchen) are replaced by stubs that raise
-when used; the JSON lists them (`stubbed`).
+ComfyUI needs packages the GPU machine may lack. `--site` (a folder, or the archive .comfy/site.tar.xz that
+bench/comfy_carry.sh packs, unpacked first; appended to `sys.path`, so the machine's own packages win) holds them;
+ComfyUI modules still missing after that and imported by ComfyUI only for models this graph never builds (scipy,
+torchvision, torchaudio, comfy_kitchen) are replaced by stubs that raise when used; the JSON lists them (`stubbed`).
+The ComfyUI set-up is bench/comfy_inprocess.py's, shared with bench/bench_core_graph.py.
 """
 from __future__ import annotations
 

@@ -98,14 +98,35 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 del sys.modules[name]
 
 
+def unpack_site(archive: str) -> str:
+    """The folder a carried site archive (`.comfy/site.tar.xz`, made by bench/comfy_carry.sh) unpacks to, in the
+    temporary folder; unpacked once per archive (its size and time stamp are the marker)."""
+    import tarfile
+    import tempfile
+    stat = os.stat(archive)
+    folder = os.path.join(tempfile.gettempdir(), "ltx25_comfy_site")
+    marker = os.path.join(folder, ".unpacked_from")
+    stamp = f"{os.path.abspath(archive)} {stat.st_size} {stat.st_mtime_ns}"
+    if os.path.isfile(marker) and open(marker, encoding="utf-8").read() == stamp:
+        return folder
+    start = time.perf_counter()
+    with tarfile.open(archive) as tar:
+        tar.extractall(folder, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    with open(marker, "w", encoding="utf-8") as f:
+        f.write(stamp)
+    print(f"[bench] {archive} unpacked to {folder} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return folder
+
+
 def prepare_imports(comfy_root: str, site: str | None) -> _StubFinder | None:
-    """ComfyUI's root first on `sys.path`, the carried site last; for what is still missing, a stub finder serving
-    ComfyUI's own imports (installed after transformers and diffusers have looked for the real packages)."""
+    """ComfyUI's root first on `sys.path`, the carried site last (a folder, or a site archive unpacked first); for
+    what is still missing, a stub finder serving ComfyUI's own imports (installed after transformers and diffusers
+    have looked for the real packages)."""
     here = {os.path.abspath(p) for p in (BENCH, ROOT)}
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.getcwd()) not in here]
     sys.path.insert(0, comfy_root)
     if site:
-        sys.path.append(site)
+        sys.path.append(unpack_site(site) if os.path.isfile(site) else site)
     missing = {name for name in STUBBABLE if importlib.util.find_spec(name) is None}
     if not missing:
         return None
@@ -167,7 +188,8 @@ def load_core_extras(comfy: types.SimpleNamespace, comfy_root: str, files: tuple
     failed = []
     for name in files:
         path = os.path.join(comfy_root, "comfy_extras", name)
-        if not os.path.isfile(path) or not asyncio.run(comfy.nodes.load_custom_node(path, module_parent="comfy_extras")):
+        loaded = os.path.isfile(path) and asyncio.run(comfy.nodes.load_custom_node(path, module_parent="comfy_extras"))
+        if not loaded:
             failed.append(name)
     return failed
 
@@ -295,3 +317,13 @@ def write_result(result: dict, out: str | None, code: int) -> int:
             f.write(line + "\n")
     print(line)
     return code
+
+
+def git_commit() -> str | None:
+    """This checkout's short commit, or None where git or the repository is absent (a copied tree)."""
+    import subprocess
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
