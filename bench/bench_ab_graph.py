@@ -104,9 +104,11 @@ def _on_device(device: torch.device, dtype: torch.dtype, make):
         torch.set_default_dtype(previous)
 
 
-def build_real(device: torch.device, tiny_text_encoder: str,
-               transformer_format: str = "bf16") -> tuple[dict, dict, te.TextEncoderModule]:
-    """{loader node id: its output tuple}, {component: build seconds}, the Gemma module (for residency checks)."""
+def build_real(device: torch.device, tiny_text_encoder: str | None, transformer_format: str = "bf16",
+               text_encoder: bool = True) -> tuple[dict, dict, te.TextEncoderModule | None]:
+    """{loader node id: its output tuple}, {component: build seconds}, the Gemma module (for residency checks).
+    Without `text_encoder` no Gemma is built (node "2" has no output, the module is None): for a graph that is given
+    its text features as tensors."""
     import bench_conv_vae
     import bench_diffusion_vae
     import bench_text_encoder
@@ -115,7 +117,8 @@ def build_real(device: torch.device, tiny_text_encoder: str,
     from nodes.ltx import audio_vae as av
     from nodes.ltx.dit import transformer as T
     from nodes.ltx.upsampler import UpsamplerConfig
-    from transformers.models.gemma4_unified.configuration_gemma4_unified import Gemma4UnifiedConfig
+    if text_encoder:
+        from transformers.models.gemma4_unified.configuration_gemma4_unified import Gemma4UnifiedConfig
 
     bf16, seconds, out = torch.bfloat16, {}, {}
 
@@ -132,15 +135,18 @@ def build_real(device: torch.device, tiny_text_encoder: str,
         seconds["quantized_layers"] = quantize_blocks(dit, transformer_format)
     out["1"] = (Loaded.register(dit, _info("transformer", Kind.TRANSFORMER), on_unload=release),)
 
-    gemma_config = Gemma4UnifiedConfig(text_config=bench_text_encoder.REAL_TEXT_CONFIG, gemma_version=GEMMA_VERSION)
-    gemma = timed("text_encoder", lambda: bench_text_encoder.build(gemma_config, 4096, 2048, device, bf16))
-    tiny_spec = te.TextEncoderSpec.from_file(tiny_text_encoder, bf16)
-    spec = dataclasses.replace(tiny_spec, config=gemma_config, video_dim=4096, audio_dim=2048)
-    te.load_text_encoder = lambda _spec: gemma  # the Encode Prompt node "loads" the in-memory module
-    # The node frees a released encoder where it is (it loads the file again next time); this one module must
-    # survive for the next uncached prompt, so its release unloads it to the host instead, as before that change.
-    bridge.discard_model = bridge.unload_model
-    out["2"] = (spec,)
+    gemma = None
+    if text_encoder:
+        gemma_config = Gemma4UnifiedConfig(text_config=bench_text_encoder.REAL_TEXT_CONFIG,
+                                           gemma_version=GEMMA_VERSION)
+        gemma = timed("text_encoder", lambda: bench_text_encoder.build(gemma_config, 4096, 2048, device, bf16))
+        tiny_spec = te.TextEncoderSpec.from_file(tiny_text_encoder, bf16)
+        spec = dataclasses.replace(tiny_spec, config=gemma_config, video_dim=4096, audio_dim=2048)
+        te.load_text_encoder = lambda _spec: gemma  # the Encode Prompt node "loads" the in-memory module
+        # The node frees a released encoder where it is (it loads the file again next time); this one module must
+        # survive for the next uncached prompt, so its release unloads it to the host instead, as before that change.
+        bridge.discard_model = bridge.unload_model
+        out["2"] = (spec,)
 
     up_config = UpsamplerConfig.from_metadata("bench", {"config": UPSAMPLER_CONFIG})
     upsampler = timed("upsampler", lambda: _on_device(device, bf16, lambda: LTX2LatentUpsamplerModel(

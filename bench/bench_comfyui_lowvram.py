@@ -1,7 +1,7 @@
 """The A/B graph inside ComfyUI 0.33 under its low-VRAM flags (issue 19): seconds, peak memory, and whether the outputs
 equal the uncapped run, per flag set.
 
-    python bench/bench_comfyui_lowvram.py --comfyui .comfy/ComfyUI --site /tmp/comfy_site --out $OUT/x.json
+    python bench/bench_comfyui_lowvram.py --comfyui .comfy/ComfyUI --site .comfy/site.tar.xz --out $OUT/x.json
     python bench/bench_comfyui_lowvram.py --comfyui /work/comfyui-033 --smoke      # CPU: the plumbing, tiny set
 
 ComfyUI runs in this process as tests/comfyui_inprocess_driver.py runs it: its own executor (`PromptExecutor`) and model
@@ -23,152 +23,36 @@ match when both decoders planned the same tiles, which the decode stats show). T
 VRAM (comfy-aimdo) is not started (main.py starts it; `--novram` disables it anyway); the pack's models use ComfyUI's
 classic ModelPatcher either way.
 
-ComfyUI needs packages the GPU machine may lack. `--site DIR` (appended to `sys.path`, so the machine's own packages
-win) holds the carried wheels of .comfy/wheels; ComfyUI modules still missing after that and imported by ComfyUI only
-for models this graph never builds (scipy, torchvision, torchaudio, comfy_kitchen) are replaced by stubs that raise
-when used; the JSON lists them (`stubbed`).
+ComfyUI needs packages the GPU machine may lack. `--site` (a folder, or the archive .comfy/site.tar.xz that
+bench/comfy_carry.sh packs, unpacked first; appended to `sys.path`, so the machine's own packages win) holds them;
+ComfyUI modules still missing after that and imported by ComfyUI only for models this graph never builds (scipy,
+torchvision, torchaudio, comfy_kitchen) are replaced by stubs that raise when used; the JSON lists them (`stubbed`).
+The ComfyUI set-up is bench/comfy_inprocess.py's, shared with bench/bench_core_graph.py.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import hashlib
 import importlib
-import importlib.abc
-import importlib.util
-import importlib.machinery
 import inspect
 import json
 import os
-import pkgutil
 import sys
 import tempfile
 import time
 import traceback
-import types
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.dirname(os.path.abspath(__file__))
+from comfy_inprocess import (GiB, ROOT, boot, hand_out_pack_loaders, import_comfyui, load_pack, pack_as_nodes,
+                             prepare_imports, set_up_folders, write_result)
+
 WORKFLOW = os.path.join(ROOT, "workflows", "api", "ltx25_t2v_distilled_decoder_ab.json")
-PACK_FOLDER = "ltx25_nodes"
-GiB = 2**30
 MODES = ("uncapped", "normal", "lowvram", "reserve", "novram")
 STATES = {"uncapped": "NORMAL_VRAM", "normal": "NORMAL_VRAM", "lowvram": "LOW_VRAM", "reserve": "NORMAL_VRAM",
           "novram": "NO_VRAM"}
-# Imported by ComfyUI's modules for models and features this graph never touches.
-STUBBABLE = ("scipy", "torchvision", "torchaudio", "comfy_kitchen")
 SAMPLERS = ("10", "12")
 LATENT_NODES = ("LTX25DistilledSampler", "LTX25LatentUpsample", "LTX25AudioDecode")
-
-
-# ------------------------------------------------------------------------------------------------ environment
-class _Unavailable:
-    """Stands in for anything of a stubbed package: usable as a decorator target or base, raises when called."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __getattr__(self, attr: str) -> "_Unavailable":
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return _Unavailable(f"{self._name}.{attr}")
-
-    def __call__(self, *args, **kwargs):
-        raise RuntimeError(f"{self._name} is not installed here (a stub from bench_comfyui_lowvram.py)")
-
-
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports of the missing packages in `names` made by ComfyUI's own files get empty modules whose attributes are
-    `_Unavailable`; anyone else (transformers' and diffusers' availability probes) finds them absent. comfy_kitchen
-    gets no submodules, so ComfyUI's quant_ops takes its own fallback (`from comfy_kitchen.tensor import ...` fails
-    as without the package); its availability probe answers False."""
-
-    def __init__(self, names: set[str], comfy_root: str) -> None:
-        self.names, self.comfy_root = names, os.path.join(comfy_root, "")
-
-    def find_spec(self, fullname, path, target=None):
-        top = fullname.split(".")[0]
-        if top not in self.names or (top == "comfy_kitchen" and fullname != top):
-            return None
-        frame, machinery = sys._getframe(1), ("<frozen", os.path.dirname(importlib.__file__))
-        while frame is not None and frame.f_code.co_filename.startswith(machinery):  # to the importing file
-            frame = frame.f_back
-        if frame is None or not os.path.abspath(frame.f_code.co_filename).startswith(self.comfy_root):
-            return None
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-
-    def create_module(self, spec):
-        module = types.ModuleType(spec.name)
-        module.__path__ = []
-        if spec.name == "comfy_kitchen":
-            module.int8_attention_is_available = lambda: False
-
-        def missing(attr: str, _name: str = spec.name) -> _Unavailable:
-            if attr.startswith("__"):  # introspection (inspect, pickle) must see a plain module
-                raise AttributeError(attr)
-            return _Unavailable(f"{_name}.{attr}")
-        module.__getattr__ = missing
-        return module
-
-    def exec_module(self, module):
-        pass
-
-    def forget(self) -> None:
-        """Drop the stub modules from `sys.modules` (ComfyUI's modules keep theirs), so later availability probes see
-        the packages absent."""
-        for name in [n for n in sys.modules if n.split(".")[0] in self.names]:
-            if isinstance(sys.modules[name].__spec__.loader, _StubFinder):
-                del sys.modules[name]
-
-
-def prepare_imports(comfy_root: str, site: str | None) -> _StubFinder | None:
-    """ComfyUI's root first on `sys.path`, the carried site last; for what is still missing, a stub finder serving
-    ComfyUI's own imports (installed after transformers and diffusers have looked for the real packages)."""
-    here = {os.path.abspath(p) for p in (BENCH, ROOT)}
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.getcwd()) not in here]
-    sys.path.insert(0, comfy_root)
-    if site:
-        sys.path.append(site)
-    missing = {name for name in STUBBABLE if importlib.util.find_spec(name) is None}
-    if not missing:
-        return None
-    import diffusers  # noqa: F401  (their import-time probes see the packages as they are)
-    import transformers  # noqa: F401
-    finder = _StubFinder(missing, comfy_root)
-    sys.meta_path.append(finder)
-    return finder
-
-
-@contextlib.contextmanager
-def pack_as_nodes(package: str):
-    """While the bench helpers import and build, the name `nodes` is the pack as ComfyUI imported it (`package`), so
-    the helpers get the very modules (and classes) ComfyUI's copy uses; ComfyUI's own `nodes` comes back after."""
-    pack = f"{package}.nodes"
-    root = importlib.import_module(pack)
-    for info in pkgutil.walk_packages(root.__path__, prefix=f"{pack}."):
-        if info.name.endswith(".__main__"):  # a command line, run on import
-            continue
-        try:  # every module under the pack's name first: an import under `nodes.` alone would make a second copy
-            importlib.import_module(info.name)
-        except Exception as error:  # optional kernels (natten) and the like
-            print(f"[bench] not imported: {info.name}: {error}", file=sys.stderr)
-    saved = {name: module for name, module in sys.modules.items() if name == "nodes" or name.startswith("nodes.")}
-    for name in saved:
-        del sys.modules[name]
-    for name, module in list(sys.modules.items()):
-        if name == pack or name.startswith(pack + "."):
-            sys.modules["nodes" + name[len(pack):]] = module
-    sys.path.insert(0, BENCH)
-    try:
-        yield
-    finally:
-        sys.path.remove(BENCH)
-        for name in [n for n in sys.modules if n == "nodes" or n.startswith("nodes.")]:
-            del sys.modules[name]
-        sys.modules.update(saved)
-        sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != ROOT]  # bench_ab_graph adds it
 
 
 # ------------------------------------------------------------------------------------------------ observation
@@ -177,29 +61,6 @@ def _digest(tensor) -> str:
     t = tensor.detach().contiguous().cpu()
     raw = t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)
     return f"{t.dtype}{tuple(t.shape)}:" + hashlib.sha256(raw.numpy().tobytes()).hexdigest()[:24]
-
-
-def _boot() -> types.ModuleType:
-    """tests/comfyui_boot.py, loaded by its path (standard library only): the executor helpers the real-ComfyUI
-    tier's drivers share, `cached_outputs` and `tensors`, so the bench reads outputs exactly as the tier does."""
-    spec = importlib.util.spec_from_file_location("ltx25_comfyui_boot", os.path.join(ROOT, "tests", "comfyui_boot.py"))
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look themselves up
-    spec.loader.exec_module(module)
-    return module
-
-
-class StubServer:
-    """What PromptExecutor needs of PromptServer."""
-
-    def __init__(self) -> None:
-        self.client_id = self.last_node_id = self.last_prompt_id = None
-        self.sockets_metadata: dict = {}
-
-    def send_sync(self, event, data, sid=None) -> None:
-        pass
-
-    def queue_updated(self) -> None:
-        pass
 
 
 # ------------------------------------------------------------------------------------------------ the run
@@ -231,50 +92,33 @@ def main(argv: list[str] | None = None) -> int:
                     "card_gib": args.card_gib,
                     "reserve_gib": args.reserve_gib, "modes": {}, "errors": {}}
 
-    import comfy.options  # noqa: F401  (argument parsing stays off: args hold the defaults)
-    from comfy.cli_args import args as comfy_args
-    comfy_args.cpu = args.smoke
-    comfy_args.disable_api_nodes = True
-    import torch
-    boot = _boot()
-    if not args.smoke and not torch.cuda.is_available():
-        print("no CUDA device: run with --smoke for the CPU check", file=sys.stderr)
-        return 2
     try:
-        import folder_paths
-        import comfy.model_management as mm
-        import comfyui_version
-        import execution
-        import nodes
+        comfy = import_comfyui(cpu=args.smoke)
     except ImportError as error:  # a requirement neither the machine nor .comfy/wheels has
         traceback.print_exc()
         result["errors"]["import"] = f"{type(error).__name__}: {error}"
-        return _finish(result, args.out, 1)
+        return write_result(result, args.out, 1)
+    import torch
+    folder_paths, mm, execution = comfy.folder_paths, comfy.mm, comfy.execution
+    tier = boot()
+    if not args.smoke and not torch.cuda.is_available():
+        print("no CUDA device: run with --smoke for the CPU check", file=sys.stderr)
+        return 2
     if stubs is not None:
         stubs.forget()
-    result.update(comfyui=comfyui_version.__version__, torch=torch.__version__,
+    result.update(comfyui=comfy.version, torch=torch.__version__,
                   device=torch.cuda.get_device_name(0) if not args.smoke else "cpu")
 
     work = tempfile.mkdtemp(prefix="bench_comfyui_lowvram_")
-    models, output = os.path.join(work, "models"), os.path.join(work, "output")
-    folder_paths.set_output_directory(output)
-    folder_paths.set_temp_directory(os.path.join(output, "temp"))
-    for folder in ("diffusion_models", "text_encoders", "vae", "latent_upscale_models", "loras"):
-        folder_paths.add_model_folder_path(folder, os.path.join(models, folder), is_default=True)
-    os.makedirs(os.path.join(work, "custom_nodes"))
-    link = os.path.join(work, "custom_nodes", PACK_FOLDER)
-    os.symlink(ROOT, link, target_is_directory=True)
-    builtin = set(nodes.NODE_CLASS_MAPPINGS)
-    if not asyncio.run(nodes.load_custom_node(link, ignore=builtin, module_parent="custom_nodes")):
+    models, output = set_up_folders(comfy, work)
+    loaded = load_pack(comfy, work)
+    if loaded is None:
         result["errors"]["pack"] = "ComfyUI could not import the pack (see the log above)"
-        return _finish(result, args.out, 1)
-    bridge_name = next(n for n, m in sys.modules.items() if n.endswith(".nodes.comfy.bridge") and m is not None)
-    package = bridge_name[: -len(".nodes.comfy.bridge")]
+        return write_result(result, args.out, 1)
+    package, pack_classes = loaded
     pack = lambda name: importlib.import_module(f"{package}.nodes.{name}")  # noqa: E731
     bridge, streaming, encoder = pack("comfy.bridge"), pack("ltx.streaming"), pack("ltx.text.encoder")
     pack("tools.tiny").write_tiny_set(models)  # the loaders' widgets list these names (the official ones)
-    pack_classes = {name: cls for name, cls in nodes.NODE_CLASS_MAPPINGS.items()
-                    if getattr(cls, "RELATIVE_PYTHON_MODULE", None) == f"custom_nodes.{PACK_FOLDER}"}
 
     with open(WORKFLOW, encoding="utf-8") as f:
         prompt = json.load(f)
@@ -303,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                 handle.module.to("cpu")
         gemma.to("cpu")
         torch.cuda.empty_cache()
-    _hand_out(pack_classes, preset)
+    hand_out_pack_loaders(pack_classes, preset)
 
     # Observers: each pack node's seconds and peak memory; each load the pack asks for.
     nodes_seen: dict[str, dict] = {}
@@ -388,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             valid, error, outputs, node_errors = asyncio.run(execution.validate_prompt(mode, prompt, None))
             if not valid:
                 raise RuntimeError(f"invalid prompt: {error} {node_errors}")
-            executor = execution.PromptExecutor(StubServer(), cache_type=execution.CacheType.CLASSIC,
-                                                cache_args={"lru": 0, "ram": 0, "ram_inactive": 0})
+            executor = tier.new_executor()
             executor.execute(prompt, mode, {"client_id": None, "preview_method": "none"}, outputs)
             entry["success"] = bool(executor.success)
             entry["errors"] = [data.get("exception_message", "")[:2000] for event, data in executor.status_messages
@@ -397,10 +240,10 @@ def main(argv: list[str] | None = None) -> int:
             digests = {}
             for node_id, node in prompt.items():
                 if node["class_type"] in pack_classes:
-                    for i, value in enumerate(boot.cached_outputs(executor, node_id)):
-                        for label, t in boot.tensors(value, f"{node_id}:{node['class_type']}[{i}]", torch):
+                    for i, value in enumerate(tier.cached_outputs(executor, node_id)):
+                        for label, t in tier.tensors(value, f"{node_id}:{node['class_type']}[{i}]", torch):
                             digests[label] = _digest(t)
-                    for value in boot.cached_outputs(executor, node_id):  # the decoders' tile plans
+                    for value in tier.cached_outputs(executor, node_id):  # the decoders' tile plans
                         stats = getattr(value[0] if isinstance(value, list) and value else value, "as_dict", None)
                         if callable(stats):
                             entry.setdefault("decode_stats", {})[node_id] = stats()
@@ -432,28 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     mm.vram_state, mm.EXTRA_RESERVED_VRAM = defaults
     result["total_s"] = round(time.perf_counter() - started, 1)
     ok = all(m.get("success", True) for m in result["modes"].values())
-    return _finish(result, args.out, 0 if ok else 1)
-
-
-def _hand_out(pack_classes: dict, preset: dict) -> None:
-    """The pack's loader nodes return the in-memory modules (by node: bench_ab_graph's loader node ids)."""
-    by_class = {"LTX25TransformerLoader": "1", "LTX25TextEncoderLoader": "2", "LTX25UpsamplerLoader": "6",
-                "LTX25AudioVAELoader": "9"}
-    for name, node_id in by_class.items():
-        setattr(pack_classes[name], "load", lambda self, *a, __id=node_id, **kw: preset[__id])
-
-    def video_vae(self, vae_file: str, weight_dtype: str):
-        return preset["7"] if "conv" in vae_file else preset["8"]
-    pack_classes["LTX25VideoVAELoader"].load = video_vae
-
-
-def _finish(result: dict, out: str | None, code: int) -> int:
-    line = json.dumps(result, default=str)
-    if out:
-        with open(out, "w", encoding="utf-8") as f:
-            f.write(line + "\n")
-    print(line)
-    return code
+    return write_result(result, args.out, 0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@
 set -e
 WHEELS=${WHEELS:-.whl}
 mkdir -p /tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  "$WHEELS"/*.whl >/dev/null 2>&1
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then  # a call may carry none (bench_core_graph: .comfy/site.tar.xz only)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$WHEELS"/*.whl >/dev/null 2>&1
+fi
 if [ -f "$WHEELS/comfy_kitchen_site.tgz" ]; then tar xzf "$WHEELS/comfy_kitchen_site.tgz" -C /tmp/site; fi
 export PYTHONPATH=/tmp/site:$PWD
 set +e
