@@ -44,6 +44,16 @@ class ResidentModel:
         self.on_device = True
 
 
+def _card(monkeypatch, capacity: int) -> None:
+    """A fake device of `capacity` bytes for the standalone manager and the decode's own planning."""
+    live = bridge.standalone._standalone_live
+
+    def free(device=None) -> int:
+        return capacity - sum(p.size for p in live() if isinstance(p, ResidentModel) and p.on_device)
+    monkeypatch.setattr(bridge.standalone, "free_device_memory", free)
+    monkeypatch.setattr(bridge, "free_device_memory", free)
+
+
 def test_the_request_is_untiled_unless_tiles_fit_beside_the_loaded_models_with_bounded_work():
     auto, untiled = TilingRequest(), 10 * GIB
     beside = {4 * GIB: (3 * GIB, 1.4), 2 * GIB: (1.5 * GIB, 2.6)}
@@ -60,9 +70,7 @@ def test_spare_memory_is_what_a_load_gets_without_evicting(monkeypatch):
     """`spare_device_memory` and the standalone manager's eviction agree: a request of the spare bytes evicts
     nothing, one byte more evicts the transformer."""
     transformer, decoder = ResidentModel(8 * GIB), ResidentModel(2 * GIB)
-    live = bridge.standalone._standalone_live
-    monkeypatch.setattr(bridge.standalone, "free_device_memory",
-                        lambda device=None: 16 * GIB - sum(p.size for p in live() if p.on_device))
+    _card(monkeypatch, 16 * GIB)
     bridge.load_models([transformer])
     spare = bridge.spare_device_memory(decoder)
     assert spare == 16 * GIB - 8 * GIB - bridge.standalone.PLACEMENT_HEADROOM - 2 * GIB
@@ -71,21 +79,12 @@ def test_spare_memory_is_what_a_load_gets_without_evicting(monkeypatch):
     bridge.unload_model(decoder)
     bridge.load_models([decoder], memory_required=spare + 1)
     assert not transformer.on_device, "a byte more than the spare memory evicts"
+    bridge.unload_model(decoder)
 
 
 @pytest.fixture
 def conv(tiny_file):
     return Loaded.register(cv.load_conv_vae(tiny_file("conv_vae")), inspect_asset(tiny_file("conv_vae")))
-
-
-def _card(monkeypatch, capacity: int) -> None:
-    """A fake device of `capacity` bytes for the standalone manager and the decode's own planning."""
-    live = bridge.standalone._standalone_live
-
-    def free(device=None) -> int:
-        return capacity - sum(p.size for p in live() if isinstance(p, ResidentModel) and p.on_device)
-    monkeypatch.setattr(bridge.standalone, "free_device_memory", free)
-    monkeypatch.setattr(bridge, "free_device_memory", free)
 
 
 @pytest.mark.parametrize("bounded", [True, False])

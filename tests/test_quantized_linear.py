@@ -339,14 +339,17 @@ def test_fp8_compute_load_turns_only_the_blocks_linears_into_per_row_fp8(tiny_mo
 
 # Not bf16: Triton's interpreter truncates float32 → bf16 where the GPU rounds to nearest even; the float32 products
 # equal bit for bit here prove the decode, and bench/bench_nvfp4_linear.py checks bf16 equality on the GPU.
+@pytest.mark.parametrize("row_bytes", [None, 16])  # 16: a row takes several programs, as the DiT's rows do
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_nvfp4_one_pass_decode_equals_the_dequantizing_load_bit_for_bit(dtype):
+def test_nvfp4_one_pass_decode_equals_the_dequantizing_load_bit_for_bit(dtype, row_bytes, monkeypatch):
     """The Triton decode (run here in Triton's interpreter) reads every byte value, every E4M3 block scale from its
     swizzled place across two 128-row tiles and two column tiles, and the tensor scale exactly as
     `quant.dequantize_nvfp4` does; high nibble first, sign bit 3."""
     from nodes.ltx.kernels import nvfp4_triton
     if nvfp4_triton.triton is None:
         pytest.fail("Triton is a dependency of the pack's kernels and must be importable in the test environment")
+    if row_bytes is not None:
+        monkeypatch.setattr(nvfp4_triton, "ROW_BYTES", row_bytes)
     g = torch.Generator().manual_seed(1)
     rows, cols = 130, 96
     packed = torch.randint(0, 256, (rows, cols // 2), generator=g, dtype=torch.uint8)

@@ -211,10 +211,16 @@ def _comfy_load(patchers: list, memory_required: int) -> None:
 
 def _comfy_spare(patcher) -> int:
     """`spare_device_memory` in ComfyUI: `load_models_gpu` evicts until the free memory covers the weights still to
-    load × 1.1 plus the larger of its inference minimum and the request, each with the `--reserve-vram` reserve."""
+    load × 1.1 plus the larger of its inference minimum and the request, each with the `--reserve-vram` reserve;
+    `_comfy_load` adds the on-the-fly LoRA factors to the request. With `--disable-smart-memory` every load evicts
+    every other model: nothing is spare."""
+    if getattr(_mm, "DISABLE_SMART_MEMORY", False):
+        return 0
     to_load = max(patcher.model_size() - patcher.loaded_size(), 0)
     room = _mm.get_free_memory(patcher.load_device) - 1.1 * to_load - _mm.extra_reserved_memory()
-    return int(room) if room >= _mm.minimum_inference_memory() - _mm.extra_reserved_memory() else 0
+    if room < _mm.minimum_inference_memory() - _mm.extra_reserved_memory():
+        return 0
+    return max(int(room) - low_rank_of(patcher).nbytes(), 0)
 
 
 def _install_low_rank_comfy(patcher) -> None:

@@ -45,7 +45,8 @@ def load_models(patchers: list, memory_required: int = 0) -> None:
 
 def spare_device_memory(patcher) -> int:
     """The working memory `load_models([patcher], memory_required)` can be given without evicting another model:
-    the free device memory less the patcher's weights still to place and the reserve model management keeps."""
+    the free device memory less the patcher's weights still to place and the reserve model management keeps. For a
+    model that cannot stream (the decoders): a streaming model's slots are not counted."""
     if HAS_COMFY:
         return _comfy_spare(patcher)
     return _standalone_spare(patcher)

@@ -73,10 +73,9 @@ class TilingRequest:
 
 # A tiled conv decode that recomputes at most this much of the untiled one's work is preferred to evicting another
 # model to decode untiled. On a small card the evicted model is the sampler's transformer, placed again on the next run
-# and its CUDA graphs captured again: about 2.8 s a run for the 14 GiB NVFP4 transformer on a 24 GiB card, against
-# about +0.45 s for conv tiles doing 2.5 times the work at 768×512×121 (docs/PERFORMANCE.md). The diffusion decoder
-# does not use it yet: its tiles planned beside the transformer ran out of memory on a 24 GiB card (the allocator's
-# fragmentation is not in its estimate).
+# and its CUDA graphs captured again, which costs more than the untiled conv decode itself (docs/PERFORMANCE.md, the
+# NVFP4 24 GiB row), so tiles of up to about that much extra work still pay. The diffusion decoder does not use it
+# yet: its tiles planned beside the transformer ran out of memory on a 24 GiB card.
 MAX_WORK_TO_KEEP_LOADED = 2.5
 
 

@@ -67,7 +67,8 @@ def dequantize(packed: torch.Tensor, block_scale: torch.Tensor, tensor_scale: to
                dtype: torch.dtype = torch.bfloat16, *, force_kernel: bool = False) -> torch.Tensor:
     """`files.quant.dequantize_nvfp4` (same arguments, same result bit for bit) through the one-pass kernel where it
     runs; `force_kernel` runs it wherever Triton does (the CPU tests, in its interpreter)."""
-    if not (force_kernel and triton is not None) and not available(packed.device):
+    too_large = packed.numel() * 2 >= 2**31  # the kernel's offsets are int32
+    if too_large or (not (force_kernel and triton is not None) and not available(packed.device)):
         return quant.dequantize_nvfp4(packed, block_scale, tensor_scale, dtype)
     return _launch(packed, block_scale, tensor_scale, dtype)
 
