@@ -108,3 +108,21 @@ def test_conv_decode_tiles_beside_the_transformer_instead_of_evicting_it(conv, m
     planned = stats.extra["estimate_bytes"]
     assert planned <= int(0.7 * untiled) if bounded else planned == untiled, "tiles planned beside the transformer"
     bridge.unload_model(transformer)
+
+
+def test_free_memory_leaves_out_cuda_graph_pools(monkeypatch):
+    """Idle memory in a CUDA graph's private pool (a kept sampler's captured intermediates) is reserved and not
+    allocated, but no other work can allocate from it: planning a decode with it ran out of memory on a 24 GiB card.
+    Faked allocator state: 2 GiB driver-free, 5 GiB reserved of which 1 allocated; of the 4 idle, 1.5 sit in a
+    graph's pool."""
+    from nodes.ltx import device_memory
+    segments = [{"device": 0, "segment_pool_id": (0, 0), "total_size": 3 * GIB, "allocated_size": int(0.5 * GIB)},
+                {"device": 0, "segment_pool_id": (1, 0), "total_size": 2 * GIB, "allocated_size": int(0.5 * GIB)},
+                {"device": 1, "segment_pool_id": (2, 0), "total_size": 9 * GIB, "allocated_size": 0}]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 * GIB, 24 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 5 * GIB)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 1 * GIB)
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda *args, **kwargs: segments)
+    cuda = torch.device("cuda", 0)
+    assert device_memory.graph_pool_idle_bytes(cuda) == int(1.5 * GIB)
+    assert device_memory.free_bytes(cuda) == 2 * GIB + 4 * GIB - int(1.5 * GIB)

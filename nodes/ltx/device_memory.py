@@ -8,12 +8,24 @@ import torch
 
 
 def free_bytes(device: torch.device) -> int:
-    """The driver's free memory plus what PyTorch's caching allocator holds idle; "ample" off CUDA (the CPU
-    budget is the caller's to give)."""
+    """The driver's free memory plus what PyTorch's caching allocator holds idle outside CUDA graphs' pools;
+    "ample" off CUDA (the CPU budget is the caller's to give)."""
     if device.type != "cuda":
         return 1 << 62
     free, _total = torch.cuda.mem_get_info(device)
-    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    idle = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(free + idle - graph_pool_idle_bytes(device))
+
+
+def graph_pool_idle_bytes(device: torch.device) -> int:
+    """Bytes held idle in CUDA graphs' private memory pools on `device` (a captured sampler's intermediates between
+    replays). The allocator counts them reserved and not allocated, but serves only the owning graph from them, so
+    they are not free for a decode planned beside a loaded model that keeps its graphs."""
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return sum(segment["total_size"] - segment["allocated_size"] for segment in torch.cuda.memory_snapshot()
+               if segment.get("device", index) == index and tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0))
 
 
 def weight_bytes(module: torch.nn.Module) -> int:

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from ...ltx import streaming
+from ...ltx.device_memory import graph_pool_idle_bytes
 from ...ltx.files.mapped_pages import FileMappings
 from ...ltx.kernels.lora_linear import install as install_low_rank
 from .comfyui import _mm, _patcher
@@ -217,7 +218,9 @@ def _comfy_spare(patcher) -> int:
     if getattr(_mm, "DISABLE_SMART_MEMORY", False):
         return 0
     to_load = max(patcher.model_size() - patcher.loaded_size(), 0)
-    room = _mm.get_free_memory(patcher.load_device) - 1.1 * to_load - _mm.extra_reserved_memory()
+    # ComfyUI's free memory counts CUDA graphs' idle pool memory as free too; a decode beside their model cannot use it
+    free = _mm.get_free_memory(patcher.load_device) - graph_pool_idle_bytes(torch.device(patcher.load_device))
+    room = free - 1.1 * to_load - _mm.extra_reserved_memory()
     if room < _mm.minimum_inference_memory() - _mm.extra_reserved_memory():
         return 0
     return max(int(room) - low_rank_of(patcher).nbytes(), 0)
