@@ -6,6 +6,8 @@ all from one invocation, real shapes with random weights.
     python bench/bench_cold_start.py --smoke --out /tmp/cold_start.json  # CPU, tiny configs (checks the script)
     python bench/bench_cold_start.py --scenarios cold,restart,in_graph_cold,in_graph_restart --parts dit \
         --out $OUT/bench_cold_start_dit.json   # the DiT only, where cuDNN is chosen: now against before (~4 min)
+    python bench/bench_cold_start.py --scenarios cold,restart,auto_dynamic_cold --parts dit \
+        --out $OUT/cold_start_token_dims.json  # the DiT only, token counts marked: now against before (~4 min)
 
 Scenarios, each a child process of this script (`--child NAME`), in this order:
 - `cold`: an empty cache folder (`LTX25_CACHE_DIR` set to a new folder, the variables of torch's and Triton's own
@@ -15,7 +17,9 @@ Scenarios, each a child process of this script (`--child NAME`), in this order:
 - `audio_benchmark`: the audio decode with cuDNN's benchmarking left on inside the vocoder (the decode before #24);
 - `in_graph_cold`, `in_graph_restart`: the DiT only, with cuDNN attention chosen as before: diffusers' `_native_cudnn`
   backend, whose per-call `sdpa_kernel` lands in Dynamo's graph and makes AOTAutograd bypass its cache (the pack now
-  limits SDPA to cuDNN around the call instead, accelerated_denoise.Mode), in a second folder of their own.
+  limits SDPA to cuDNN around the call instead, accelerated_denoise.Mode), in a second folder of their own;
+- `auto_dynamic_cold`: the DiT only, truly cold, with no token count marked (`TOKEN_INPUTS` empty): Dynamo's
+  automatic dynamic shapes alone, as before (static stage 1, stage 2 and a new frame count compiled again).
 Parts: `dit` (the 8 + 3 step distilled sampling with `compile_cuda_graph`, one denoiser per stage as the sampler
 node makes them: stage 1 at 384×256×121, stage 2 at 768×512×121; the new shape is 1024×576×97, stage 1 at half
 size), `diffusion` (the untiled diffusion decode, auto processor: the Triton kernels), `conv` (the conv decode),
@@ -52,6 +56,7 @@ SCENARIOS = {  # name: (compile variant, parts), run in this order; the variant 
     "audio_benchmark": ("default", "audio"),
     "in_graph_cold": ("in_graph", "dit"),
     "in_graph_restart": ("in_graph", "dit"),
+    "auto_dynamic_cold": ("auto_dynamic", "dit"),
 }
 # (stage 1 video, stage 2 video, audio) latent shapes; "new" is never seen before it runs
 DIT_SHAPES = {"main": ((1, 128, 16, 8, 12), (1, 128, 16, 16, 24), (1, 8, 126, 16)),   # 768×512×121
@@ -262,6 +267,8 @@ def child(args) -> int:
         from diffusers.models.attention_dispatch import attention_backend
         A.MODES["compile_cuda_graph"] = A.Mode(graph=True, compile=True, attention=None)
         in_graph = attention_backend("_native_cudnn")
+    if args.variant == "auto_dynamic":  # nothing marked: Dynamo finds the dynamic dims by recompiling, as before
+        A.TOKEN_INPUTS = frozenset()
     if args.smoke:  # Dynamo only: the CPU check of the script, not of Inductor
         A.COMPILE_OPTIONS = {**A.COMPILE_OPTIONS, "backend": "eager"}
     result: dict = {"scenario": args.child, "variant": args.variant, "compile_options": dict(A.COMPILE_OPTIONS),
@@ -330,6 +337,7 @@ def _part_summary(part: dict) -> dict:
     if first_compile:
         out["first_compile_s"] = {k: first_compile[k] for k in steps if k in first_compile}
     out["recompiled_on_warm_runs"] = any(r["counters"].get("stats.unique_graphs") for r in by["warm"] + by["new_warm"])
+    out["graphs_compiled_first_run"] = by["first"][0]["counters"].get("stats.unique_graphs", 0)
     out["graphs_compiled_at_new_shape"] = sum(r["counters"].get("stats.unique_graphs", 0) for r in by["new_first"])
     return out
 
@@ -347,6 +355,8 @@ def summarize(children: dict) -> dict:
     goals["restart_extra_s (<= 10; caches on disk, first - warm)"] = total("restart", "first_extra_s")
     goals["new_shape_extra_s (<= 3; warm process)"] = total("cold", "new_shape_extra_s")
     goals["new_shape_extra_s after restart"] = total("restart", "new_shape_extra_s")
+    goals["dit new_shape_extra_s, automatic dynamic shapes alone (before)"] = (
+        summary.get("auto_dynamic_cold", {}).get("dit", {}).get("new_shape_extra_s"))
     goals["dit restart_extra_s, cuDNN chosen in the graph (before)"] = total("in_graph_restart", "first_extra_s")
     goals["dit restart_extra_s, cuDNN chosen around the call (now)"] = (
         summary.get("restart", {}).get("dit", {}).get("first_extra_s"))

@@ -16,12 +16,12 @@ from nodes.comfy.sampling import LTX25DistilledSampler, LTX25EmptyLatent
 
 VIDEO, AUDIO = (1, 128, 3, 2, 2), (1, 8, 5, 16)
 VIDEO2 = (1, 128, 3, 4, 4)   # a second shape (stage 2 doubles H and W)
-VIDEO3 = (1, 128, 2, 3, 5)   # a third (a new resolution and frame count)
+VIDEO3, AUDIO3 = (1, 128, 2, 3, 5), (1, 8, 4, 16)   # a third: a new resolution and frame count (so audio length)
 
 
-def latents(shape=VIDEO, seed: int = 0):
+def latents(shape=VIDEO, seed: int = 0, audio_shape=AUDIO):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=g), torch.randn(AUDIO, generator=g)
+    return torch.randn(shape, generator=g), torch.randn(audio_shape, generator=g)
 
 
 def conditioning(seed: int = 0) -> Conditioning:
@@ -115,12 +115,14 @@ def test_moved_weights_drop_the_graphs(transformer, recorded):
 # ---------------------------------------------------------------------------------------------------- compile
 def test_compile_mode_compiles_once_per_model_and_eager_stays_eager(transformer_path, monkeypatch, tmp_path):
     """'compile' runs `compile_repeated_blocks(**COMPILE_OPTIONS)` once per model, after the compile caches point at
-    the pack's folder, and gives eager's x0. Dynamo's automatic dynamic shapes: the first shape traces static, the
-    second (stage 2) traces once more with the token counts symbolic, and then the first shape again and a third
-    shape (a new resolution) run without a single new graph; a later eager denoiser on the same model runs the plain
-    blocks again. A counting Dynamo backend that runs the traced graph eagerly stands in for Inductor, whose cold C++
-    build takes ~30 s on 2 cores (Inductor measured here by hand: max |Δx0| 2.4e-7 in float32). Fails if a new
-    shape recompiles after the second or if the caches are set after the compile starts."""
+    the pack's folder, and gives eager's x0. The blocks' token counts are symbolic from the first call
+    (`TOKEN_INPUTS`): the first shape traces once, and stage 2 (twice the resolution), the first shape again and a
+    third shape (a new resolution AND frame count, so another audio length) add no graph; a later eager denoiser on
+    the same model runs the plain blocks again. A counting Dynamo backend that runs the traced graph eagerly stands
+    in for Inductor, whose cold C++ build takes ~30 s on 2 cores (Inductor measured here by hand: max |Δx0| 2.4e-7
+    in float32). Fails if stage 2 compiles again (Dynamo's automatic dynamic shapes alone: static, then dynamic), if
+    a new frame count does (the audio's token count left static, as stage 2 does not change it) or if the caches are
+    set after the compile starts."""
     from nodes.ltx import compile_cache
     monkeypatch.setattr(compile_cache, "_applied", None)
     monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
@@ -150,14 +152,18 @@ def test_compile_mode_compiles_once_per_model_and_eager_stays_eager(transformer_
         A.make_denoiser(transformer, cond, 24.0, "compile")(*latents(VIDEO2, 1), 0.725)
         after_second = len(graphs)
         A.make_denoiser(transformer, cond, 24.0, "compile")(video, audio, 0.5)
-        A.make_denoiser(transformer, cond, 24.0, "compile")(*latents(VIDEO3, 2), 0.725)
+        new_video, new_audio = latents(VIDEO3, 2, AUDIO3)
+        got_new = A.make_denoiser(transformer, cond, 24.0, "compile")(new_video, new_audio, 0.725)
         assert [c[0] for c in calls] == [A.COMPILE_OPTIONS], f"compiled {len(calls)} times"
         assert calls[0][1:] == (str(tmp_path / "inductor"), str(tmp_path / "triton")), \
             f"cache folders when the compile started: {calls[0][1:]}"
-        assert traced > 0 and len(graphs) == after_second, \
-            f"{len(graphs) - after_second} graphs compiled again for a shape after the second"
+        assert traced == 1, f"the first call traced {traced} graphs (one expected: 2 blocks share it, no break)"
+        assert after_second == traced, f"stage 2's resolution compiled {after_second - traced} graph(s) again"
+        assert len(graphs) == after_second, f"a new frame count compiled {len(graphs) - after_second} graph(s)"
         assert all(b._compiled_call_impl is not None for b in blocks), "compile mode ran uncompiled blocks"
         assert max_diff(got, want) < 1e-5, f"max diff {max_diff(got, want)}"
+        want_new = T.denoise(transformer, new_video, new_audio, 0.725, cond, 24.0)
+        assert max_diff(got_new, want_new) < 1e-5, f"new shape: max diff {max_diff(got_new, want_new)}"
         again = A.make_denoiser(transformer, cond, 24.0, "eager")(video, audio, 0.725)
         assert all(b._compiled_call_impl is None for b in blocks), "eager mode ran the compiled blocks"
         assert all(torch.equal(a, b) for a, b in zip(again, want)), f"eager after compile: {max_diff(again, want)}"

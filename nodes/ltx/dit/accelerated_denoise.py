@@ -9,20 +9,22 @@ The modes (`bench/bench_transformer.py` runs these same denoisers; their speeds 
 - compile_cuda_graph: the repeated blocks compiled, cuDNN attention, then graphed; the fastest, after a compilation
   on first use; x0 moves by bf16 rounding (about as much as diffusers' forward differs from ours).
 
-Compilation (`COMPILE_OPTIONS`): the blocks are compiled once per model with Dynamo's default, automatic dynamic
-shapes: the first shape (stage 1) compiles static; the second (stage 2) compiles once more, marking only what changed
-— the token counts — symbolic; every later resolution or frame count reuses that code and only captures a CUDA
-graph. `dynamic=True` (everything symbolic from the start, one compilation) was measured on the H200 and rejected:
-stage 1 0.114 and stage 2 0.417 s/step against 0.095 / 0.350 static, and its first compilation took 52 s against
-17 + 12 s (docs/PERFORMANCE.md, cold start). What AOTAutograd, Inductor and Triton make is kept on disk
-(compile_cache.py), so a new process re-traces the blocks with Dynamo but takes the rest from there. That is why
-compile_cuda_graph puts cuDNN first in SDPA's kernel order around each call (`Mode.attention`) rather than using
-diffusers' `_native_cudnn` backend: that one limits SDPA to cuDNN inside every attention call, Dynamo records the
-private torch calls doing it in the block's graph, and AOTAutograd bypasses its cache for such a graph, re-running
-at every start (measured on the CPU: a restart's compilations 22.6 s → 10.4 s; not yet on a GPU). The kernel is
-picked when the blocks are traced, and the cache entries do not record the order: the pack's blocks compile under
-it whenever they compile on CUDA (the sampler offers no other compiled mode). The denoiser says on the node
-(`notify`) when a call is about to compile or capture, since those calls take seconds instead of a fraction of one.
+Compilation (`COMPILE_OPTIONS`): the blocks are compiled once per model, with only the video's and the audio's token
+counts symbolic from the first call on (`TOKEN_INPUTS`, marked on each block's inputs): stage 2 and every later
+resolution or frame count reuse that code and only capture a CUDA graph. Left to Dynamo's automatic dynamic shapes,
+stage 1 compiled static, stage 2 compiled again with the video's token count symbolic, and a new frame count a third
+time (stage 2 keeps the audio's length, so it stayed static). `dynamic=True` (every dim symbolic, hidden sizes too)
+was measured on the H200 and rejected: stage 1 0.114 and stage 2 0.417 s/step against 0.095 / 0.350 static, and its
+first compilation took 52 s against 17 + 12 s (docs/PERFORMANCE.md, cold start). What AOTAutograd, Inductor and
+Triton make is kept on disk (compile_cache.py), so a new process re-traces the blocks with Dynamo but takes the rest
+from there. That is why compile_cuda_graph puts cuDNN first in SDPA's kernel order around each call
+(`Mode.attention`) rather than using diffusers' `_native_cudnn` backend: that one limits SDPA to cuDNN inside every
+attention call, Dynamo records the private torch calls doing it in the block's graph, and AOTAutograd bypasses its
+cache for such a graph, re-running at every start (measured on the CPU: a restart's compilations 22.6 s → 10.4 s;
+not yet on a GPU). The kernel is picked when the blocks are traced, and the cache entries do not record the order:
+the pack's blocks compile under it whenever they compile on CUDA (the sampler offers no other compiled mode). The
+denoiser says on the node (`notify`) when a call is about to compile or capture, since those calls take seconds
+instead of a fraction of one.
 
 Graphs: one per (latent shapes, fps, context shapes, timestep shapes, weights' dtype/device, mode), cached on the
 model object (so they go when it is garbage-collected). Inputs are copied into static buffers every call — latent
@@ -77,9 +79,16 @@ SDPA_FALLBACKS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")  # after a m
 ACCELERATIONS = ("auto", "eager", "cuda_graph", "compile_cuda_graph")  # the sampler node's choices
 WARMUP_CALLS = 2   # before a capture: allocator, cuBLAS handles, lazy inits and (compile) the compilation itself
 MAX_GRAPHS = 8     # per model; beyond it the cache starts over (a two-stage workflow uses two shapes)
-# `compile_repeated_blocks` → `torch.compile` options. No `dynamic`: Dynamo's automatic dynamic shapes (module
+# `compile_repeated_blocks` → `torch.compile` options. No `dynamic`: the token counts are marked instead (module
 # docstring); fullgraph=False: diffusers' attention dispatch may break the graph, which is allowed.
 COMPILE_OPTIONS = {"fullgraph": False}
+# The compiled blocks' inputs whose second-to-last dim is a stream's token count (diffusers' LTX-2 transformer block,
+# which the DiT calls with keywords): the latents, the per-token AdaLN inputs (1 where a stream's tokens share one
+# timestep) and the rotary tables. The only dims that differ between resolutions and frame counts (batch aside).
+TOKEN_INPUTS = frozenset({
+    "hidden_states", "temb", "temb_ca_scale_shift", "temb_ca_gate", "video_rotary_emb", "ca_video_rotary_emb",
+    "audio_hidden_states", "temb_audio", "temb_ca_audio_scale_shift", "temb_ca_audio_gate", "audio_rotary_emb",
+    "ca_audio_rotary_emb"})
 
 
 def resolve_mode(mode: str, device: torch.device) -> str:
@@ -170,9 +179,24 @@ def _set_compiled(model: torch.nn.Module, on: bool) -> None:
         compile_cache.ensure_applied()  # torch reads the cache folders when it first compiles: set them before
         hook_layers(model.dit)  # LoRAs applied on the fly later must be traced (kernels/lora_linear.py)
         model.dit.compile_repeated_blocks(**COMPILE_OPTIONS)
-        compiled = model._ltx25_compiled = compat.compiled_calls(model.dit)
+        compiled = model._ltx25_compiled = [(module, _token_counts_dynamic(impl))
+                                            for module, impl in compat.compiled_calls(model.dit)]
     for module, impl in compiled:
         compat.set_compiled_call(module, impl if on else None)
+
+
+def _token_counts_dynamic(impl: Callable) -> Callable:
+    """`impl` (a block's compiled forward) with the token-count dim of each of `TOKEN_INPUTS` marked dynamic before
+    Dynamo sees the call: the first compilation then covers every resolution and frame count (module docstring)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        for name in TOKEN_INPUTS.intersection(kwargs):
+            value = kwargs[name]
+            for t in value if isinstance(value, tuple) else (value,):
+                if isinstance(t, torch.Tensor):
+                    # "maybe": a dim of 1 (tokens sharing one timestep) stays static rather than raising
+                    torch._dynamo.maybe_mark_dynamic(t, t.ndim - 2)
+        return impl(*args, **kwargs)
+    return call
 
 
 def _compiled_before(model: torch.nn.Module) -> bool:
