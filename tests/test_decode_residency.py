@@ -13,35 +13,10 @@ from nodes.ltx.decode import conv_vae as cv
 from nodes.ltx.decode import tiling
 from nodes.ltx.decode.tiling import TilingRequest, working_memory_request
 from nodes.ltx.files.assets import inspect_asset
+from test_bridge import FakePatcher as ResidentModel  # a model occupying fake device memory
 
 GIB = 2**30
 LATENT = (1, 128, 17, 4, 4)  # long enough for temporal tiles of bounded extra work on the tiny decoder
-
-
-class ResidentModel:
-    """A loaded model occupying fake device memory (the sampler's transformer), so eviction shows on the CPU."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self.on_device, self.model = size, False, self
-        self.load_device, self.on_unload = "fake", None
-
-    def model_size(self) -> int:
-        return self.size
-
-    def is_loaded(self) -> bool:
-        return self.on_device
-
-    def unload(self) -> None:
-        self.on_device = False
-
-    def apply_patches(self) -> bool:
-        return False
-
-    def planned_working_memory(self) -> int:
-        return 1 << 62
-
-    def place(self, _memory_required: int) -> None:
-        self.on_device = True
 
 
 def _card(monkeypatch, capacity: int) -> None:
