@@ -30,7 +30,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_transformer as bt  # noqa: E402
-from nodes.ltx.conditioning import Conditioning  # noqa: E402
 from nodes.ltx.dit import accelerated_denoise as A  # noqa: E402
 from nodes.ltx.dit import transformer as T  # noqa: E402
 from nodes.ltx.kernels.quantized_linear import fp8_compute_  # noqa: E402
@@ -120,11 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump(result, f, indent=1)
 
     model = bt.build(config, device, dtype)
-    g = torch.Generator(device).manual_seed(1)
-    cond = Conditioning(torch.randn(1, 1024, config.cross_attention_dim, generator=g, device=device).to(dtype),
-                        torch.randn(1, 1024, config.audio_cross_attention_dim, generator=g, device=device).to(dtype))
-    inputs = {stage: (torch.randn(v, generator=g, device=device), torch.randn(a, generator=g, device=device))
-              for stage, (v, a) in shapes.items()}
+    cond, inputs = bt.random_inputs(config, shapes, device, dtype)
     runs: dict = {}
     try:
         for name in ("bf16", "fp8"):

@@ -63,6 +63,17 @@ def build(config: T.TransformerConfig, device: torch.device, dtype: torch.dtype)
     return model.eval().requires_grad_(False)
 
 
+def random_inputs(config: T.TransformerConfig, shapes: dict, device: torch.device,
+                  dtype: torch.dtype) -> tuple[Conditioning, dict]:
+    """Seed-1 random text features (1024 tokens a stream) and {stage: (video, audio) latents} of `shapes`."""
+    g = torch.Generator(device).manual_seed(1)
+    cond = Conditioning(torch.randn(1, 1024, config.cross_attention_dim, generator=g, device=device).to(dtype),
+                        torch.randn(1, 1024, config.audio_cross_attention_dim, generator=g, device=device).to(dtype))
+    inputs = {stage: (torch.randn(v, generator=g, device=device), torch.randn(a, generator=g, device=device))
+              for stage, (v, a) in shapes.items()}
+    return cond, inputs
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -153,11 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         model.dit.set_attention_backend(args.attention_backend)
     result["build_s"] = round(time.perf_counter() - start, 2)
     result["weights_gb"] = round(sum(p.numel() * p.element_size() for p in model.dit.parameters()) / 1e9, 3)
-    g = torch.Generator(device).manual_seed(1)
-    cond = Conditioning(torch.randn(1, 1024, config.cross_attention_dim, generator=g, device=device).to(dtype),
-                        torch.randn(1, 1024, config.audio_cross_attention_dim, generator=g, device=device).to(dtype))
-    inputs = {stage: (torch.randn(v, generator=g, device=device), torch.randn(a, generator=g, device=device))
-              for stage, (v, a) in shapes.items()}
+    cond, inputs = random_inputs(config, shapes, device, dtype)
     ours = lambda video, audio, sigma: T.denoise(model, video, audio, sigma, cond, FPS)  # noqa: E731
     denoisers = {"ours": ours, "diffusers": plain_diffusers(model, cond, FPS)}
     if device.type == "cuda":

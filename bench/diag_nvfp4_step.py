@@ -27,7 +27,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench_transformer as bt  # noqa: E402
 from bench_ab_graph import quantize_blocks  # noqa: E402
 from bench_fp8_compute import FPS, reset_compiled  # noqa: E402
-from nodes.ltx.conditioning import Conditioning  # noqa: E402
 from nodes.ltx.dit import accelerated_denoise as A  # noqa: E402
 from nodes.ltx.dit import transformer as T  # noqa: E402
 from nodes.tools.tiny.transformer import tiny_config_block  # noqa: E402
@@ -72,11 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(result, f, indent=1)
 
     model = bt.build(config, device, dtype)
-    g = torch.Generator(device).manual_seed(1)
-    cond = Conditioning(torch.randn(1, 1024, config.cross_attention_dim, generator=g, device=device).to(dtype),
-                        torch.randn(1, 1024, config.audio_cross_attention_dim, generator=g, device=device).to(dtype))
-    inputs = {stage: (torch.randn(v, generator=g, device=device), torch.randn(a, generator=g, device=device))
-              for stage, (v, a) in shapes.items()}
+    cond, inputs = bt.random_inputs(config, shapes, device, dtype)
 
     def steps(name: str, mode: str) -> None:
         reset_compiled(model)
