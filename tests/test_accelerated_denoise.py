@@ -99,17 +99,44 @@ def test_static_buffers_follow_new_latents_sigma_and_conditioning(transformer, r
 
 def test_moved_weights_drop_the_graphs(transformer, recorded):
     """A graph replays fixed weight addresses: after model management moves a weight (offload + reload gives new
-    storage), the next denoiser captures again instead of replaying freed memory."""
+    storage), the next call captures again instead of replaying freed memory, even a call of a denoiser made
+    before the move (model management may move the model mid-run)."""
     A.release(transformer)
     video, audio = latents()
-    A._graph_denoiser(transformer, conditioning(), 24.0, A.MODES["cuda_graph"])(video, audio, 0.5)
+    denoise = A._graph_denoiser(transformer, conditioning(), 24.0, A.MODES["cuda_graph"])
+    denoise(video, audio, 0.5)
     A._graph_denoiser(transformer, conditioning(), 24.0, A.MODES["cuda_graph"])(video, audio, 0.5)
     assert len(recorded) == 1, "the same weights captured twice"
     weight = transformer.dit.transformer_blocks[1].ff.net[2].weight
     weight.data = weight.data.clone()
-    A._graph_denoiser(transformer, conditioning(), 24.0, A.MODES["cuda_graph"])(video, audio, 0.5)
+    denoise(video, audio, 0.5)
     assert len(recorded) == 2, "stale graph kept after a weight moved"
     A.release(transformer)
+
+
+def test_a_model_whose_blocks_stream_drops_the_graphs_captured_while_it_was_resident(deep_transformer, recorded):
+    """Graphs kept beside the weights (a reload that leaves them in place keeps them) are never replayed while the
+    blocks stream: the next denoiser drops them, so their pool does not sit beside the streamed weights."""
+    import copy
+    from nodes.comfy import bridge
+    from nodes.ltx import streaming
+    model = copy.deepcopy(deep_transformer)
+    handle = Loaded(model, bridge.make_patcher(model), None)  # no release hook: only the denoiser drops them
+    video, audio = latents()
+    A._graph_denoiser(handle.ready(), conditioning(), 24.0, A.MODES["cuda_graph"])(video, audio, 0.5)
+    assert len(recorded) == 1 and "_ltx25_graphs" in vars(model)
+    A.make_denoiser(model, conditioning(), 24.0, "auto")  # resident: kept
+    assert "_ltx25_graphs" in vars(model)
+    bridge.unload_model(handle.patcher)
+    bridge.set_vram_budget_gb((bridge.module_bytes(model) - 1) / 2**30)
+    try:
+        handle.ready()
+        assert streaming.is_streaming(model)
+        A.make_denoiser(model, conditioning(), 24.0, "auto")
+    finally:
+        bridge.set_vram_budget_gb(None)
+        bridge.unload_model(handle.patcher)
+    assert "_ltx25_graphs" not in vars(model)
 
 
 # ---------------------------------------------------------------------------------------------------- compile

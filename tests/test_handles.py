@@ -61,18 +61,27 @@ def test_two_branches_hold_differently_patched_views_of_one_model(handle):
     assert set(backup) <= {KEY}
 
 
-def test_a_patch_change_releases_the_captured_graphs(transformer_path):
-    """Switching to a clone with other weights runs the model's release hook (CUDA graphs and compiled blocks
-    captured the previous weights); reusing the same view does not."""
-    released = []
+def test_a_merged_patch_keeps_the_captured_graphs_which_then_compute_the_patched_weights(transformer_path,
+                                                                                        monkeypatch):
+    """A merged patch is written into the weights in place: switching to the patched clone keeps the weights'
+    addresses, so the graph captured on the base view is replayed (the capture stood in for by a plain call; no
+    second capture) and gives the patched model's x0, and no release hook runs; going back replays it again."""
+    from nodes.ltx.dit import accelerated_denoise as A
+    captures, released = [], []
+    monkeypatch.setattr(A, "_record", lambda forward, cache, device: captures.append(cache.signature) or forward)
     model = T.load_transformer(transformer_path, torch.float32)
     base = Loaded.register(model, inspect_asset(transformer_path), on_unload=released.append)
     patched = base.with_weight_deltas({KEY: torch.ones_like(model.state_dict()[KEY])}, 0.1)
-    base.ready()
-    base.ready()
-    assert released == []
-    patched.ready()
-    assert released == [model]
+    video, audio, cond = _inputs()
+    x0 = {}
+    for view in (base, patched, base):
+        module = view.ready()
+        got = A._graph_denoiser(module, cond, 24.0, A.MODES["cuda_graph"])(video, audio, 0.5)
+        want = T.denoise(module, video, audio, 0.5, cond, 24.0)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        x0.setdefault(id(view), got[0])
+    assert len(captures) == 1 and captures[0] == A._weights_signature(model) and released == []
+    assert not torch.equal(x0[id(base)], x0[id(patched)])
 
 
 def test_bad_weight_patches_are_refused_by_name(handle):

@@ -1,8 +1,8 @@
 """LoRAs applied on the fly (nodes/ltx/kernels/lora_linear.py through the handles and the standalone patcher): on
 every quantized format they equal the dequantized weights with the LoRA merged by hand, several at once at their own
 strengths; strength 0 and undoing are exact; two branches share one copy of the weights; streamed blocks carry their
-factors through the slots and give the resident output bit for bit; a change of LoRAs drops captured graphs; merged
-patching backs up each merged weight once."""
+factors through the slots and give the resident output bit for bit; the graph signature sees each factor's extent;
+merged patching backs up each merged weight once. Switching views (graphs, parked factors): tests/test_lora_views.py."""
 from __future__ import annotations
 
 import copy
@@ -250,22 +250,6 @@ def test_pinned_host_copies_serve_as_merge_backups_and_leave_with_removed_factor
     copies.update({id(t): (t, t.clone()) for t in factors})
     handle.ready()
     assert not any(id(t) in copies for t in factors) and not lora_linear.patched_layers(module)
-
-
-def test_a_change_of_loras_drops_the_captured_graphs(transformer_path, tmp_path):
-    """Graphs replay fixed addresses with the shapes they were captured with: a view with other on-the-fly LoRAs
-    gets a new graph cache (and the model's release hook runs), the same view again keeps it."""
-    released = []
-    module = T.load_transformer(transformer_path, torch.float32)
-    base = Loaded.register(module, inspect_asset(transformer_path), on_unload=released.append)
-    first = _with_loras(base, tmp_path, LORAS[:1])
-    second = _with_loras(base, tmp_path, LORAS[1:])
-    first.ready()
-    cache = accelerated_denoise.graph_cache(module)
-    first.ready()
-    assert accelerated_denoise.graph_cache(module) is cache and released == [module]
-    second.ready()
-    assert accelerated_denoise.graph_cache(module) is not cache and released == [module, module]
 
 
 def test_the_graph_signature_sees_other_ranks_at_the_same_addresses(handle, tmp_path):

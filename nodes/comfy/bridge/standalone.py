@@ -11,7 +11,7 @@ import torch
 
 from ...ltx import streaming
 from ...ltx.files.lora import LoraFactors
-from ...ltx.kernels.lora_linear import LowRankSet, install as install_low_rank
+from ...ltx.kernels.lora_linear import NO_LOW_RANK, install as install_low_rank
 from .devices import PLACEMENT_HEADROOM, _budget_cap, empty_cache, free_device_memory, module_bytes
 from .node_text import show_on_node
 
@@ -49,7 +49,7 @@ class StandalonePatcher:
         self.on_unload = on_unload
         self.patches: dict[str, list[tuple[float, tuple]]] = {}
         self.patches_uuid = uuid.uuid4()
-        self.low_rank = LowRankSet()
+        self.low_rank = NO_LOW_RANK
 
     def model_size(self) -> int:
         return module_bytes(self.model)
@@ -75,9 +75,11 @@ class StandalonePatcher:
 
     def apply_patches(self) -> bool:
         """Make the shared module compute this patcher's view: its on-the-fly LoRAs installed (another view's
-        removed) and its merged patches in the weights (another view's undone first, in place, so the weights are
-        never copied whole); True when anything changed."""
-        changed = install_low_rank(self.model, self.low_rank.updates, self.low_rank.token)
+        removed, and parked beside the model unless its blocks stream, so switching back costs no copy and keeps
+        the addresses that view's CUDA graphs read) and its merged patches in the weights (another view's undone
+        first, in place, so the weights are never copied whole); True when anything changed."""
+        changed = install_low_rank(self.model, self.low_rank.updates, self.low_rank.token,
+                                   keep=not streaming.is_streaming(self.model))
         state = self._patch_state()
         if state["uuid"] == self.patches_uuid:
             return changed
@@ -112,11 +114,9 @@ class StandalonePatcher:
         placed = vars(self.model).get("_ltx25_placed")
         return placed[2] if placed is not None else 0
 
-    def place(self, memory_required: int) -> None:
-        """Put the model on the device within what is free (plus what it already holds there) or the set budget,
-        streaming the blocks that do not fit; the plan is logged."""
-        device = self.load_device
-        _use_fast_pinning(device)
+    def _budget(self, device: torch.device) -> int:
+        """The bytes a placement may plan with: what is free plus what the model already holds there, within the
+        set budget."""
         own = sum(t.numel() * t.element_size() for _, _, t in streaming._owned_tensors(self.model)
                   if t.device.type == device.type)
         # Headroom, as ComfyUI keeps its inference reserve: the conditioning, latents, positions and the allocator's
@@ -124,7 +124,20 @@ class StandalonePatcher:
         # streaming slots).
         available = free_device_memory(device) + own - PLACEMENT_HEADROOM if device.type != "cpu" else 1 << 62
         cap = _budget_cap()
-        budget = min(available, cap) if cap is not None else available
+        return min(available, cap) if cap is not None else available
+
+    def place(self, memory_required: int) -> None:
+        """Put the model on the device within what is free (plus what it already holds there) or the set budget,
+        streaming the blocks that do not fit; the plan is logged."""
+        device = self.load_device
+        _use_fast_pinning(device)
+        budget = self._budget(device)
+        if self.on_unload is not None and module_bytes(self.model) + memory_required > budget:
+            # What the model keeps beside its weights (CUDA graphs, a parked LoRA set) must not make it stream: it is
+            # released and the plan made with that memory free.
+            self.on_unload(self.model)
+            empty_cache()
+            budget = self._budget(device)
         name = type(self.model).__name__
         if not streaming.blocks_of(self.model):
             # A model without blocks (the decoders) asks for its untiled working memory so that much is freed if
@@ -181,9 +194,9 @@ def _standalone_load(patchers: list, memory_required: int) -> None:
     empty_cache()
     live = _standalone_live()
     for p in patchers:
+        # A view change keeps the graphs: each is filed under the weights and LoRA factors it reads and replayed only
+        # while the model holds exactly those (accelerated_denoise.py).
         changed = p.apply_patches()
-        if changed and p.on_unload is not None:
-            p.on_unload(p.model)  # graphs and compiled blocks captured the other weights
         # A placement made for a lighter phase (the connectors) leaves too little room for a heavier one (sampling):
         # plan again for the larger working memory; the larger plan then serves both.
         if changed or not p.is_loaded() or memory_required > p.planned_working_memory():

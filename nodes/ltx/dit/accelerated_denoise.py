@@ -26,14 +26,19 @@ the pack's blocks compile under it whenever they compile on CUDA (the sampler of
 denoiser says on the node (`notify`) when a call is about to compile or capture, since those calls take seconds
 instead of a fraction of one.
 
-Graphs: one per (latent shapes, fps, context shapes, timestep shapes, weights' dtype/device, mode), cached on the
-model object (so they go when it is garbage-collected). Inputs are copied into static buffers every call — latent
-tokens, the timesteps (per token when the stage is guided: guides.py), the positions and keyframe marks, AND the text
-context — so a new prompt, new guides or a guide at another frame replay the same graph. The weights' addresses are
-the cache's signature: when model management offloads and reloads the model, or a view with other LoRAs applied on
-the fly is loaded, the next factory call drops the stale graphs (LoRAs merged into the weights keep the addresses: a
-replay reads the merged values). All graphs of a model share one memory pool: they never run concurrently and each
-output is consumed before the next replay.
+Graphs: one per (latent shapes, fps, context shapes, timestep shapes, weights' dtype/device, mode) and view of the
+weights, cached on the model object (so they go when it is garbage-collected). Inputs are copied into static buffers
+every call — latent tokens, the timesteps (per token when the stage is guided: guides.py), the positions and keyframe
+marks, AND the text context — so a new prompt, new guides or a guide at another frame replay the same graph. A graph
+replays fixed addresses: each is filed under the signature of what it reads — every DiT weight's address, shape and
+dtype, the token of the LoRA set applied on the fly and its factors' addresses — and a lookup only ever finds graphs
+of the signature the model has now. So when model management offloads and reloads the model the graphs are not
+found (and, the weights having moved, dropped), while a model switching between two views (the dev pipeline's plain
+stage 1 and its stage 2 with the distilled LoRA on the fly, whose factors stay parked beside the model meanwhile:
+kernels/lora_linear.py) keeps both views' graphs and replays them on every later run. Graphs of a LoRA set whose
+factors the model no longer holds are dropped; LoRAs merged into the weights keep the addresses: a replay reads the
+merged values. All graphs of a model share one memory pool: they never run concurrently and each output is consumed
+before the next replay; `MAX_GRAPHS` bounds them over all views.
 """
 from __future__ import annotations
 
@@ -41,14 +46,14 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 
 from .. import compat, compile_cache
 from ..errors import LTX25Error
 from ..geometry import pixel_shape
-from ..kernels.lora_linear import hook_layers, token_of as low_rank_token
+from ..kernels.lora_linear import DOWN, UP, drop_parked, hook_layers, live_tokens, token_of as low_rank_token
 from ..streaming import is_streaming
 from .guides import GuidedStage
 from .positions import patchify_audio, patchify_video
@@ -78,7 +83,7 @@ MODES = {
 SDPA_FALLBACKS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")  # after a mode's own kernel, in this order
 ACCELERATIONS = ("auto", "eager", "cuda_graph", "compile_cuda_graph")  # the sampler node's choices
 WARMUP_CALLS = 2   # before a capture: allocator, cuBLAS handles, lazy inits and (compile) the compilation itself
-MAX_GRAPHS = 8     # per model; beyond it the cache starts over (a two-stage workflow uses two shapes)
+MAX_GRAPHS = 8     # per model, all views; beyond it the cache starts over (the dev two-stage workflow keeps 4)
 # `compile_repeated_blocks` → `torch.compile` options. No `dynamic`: the token counts are marked instead (module
 # docstring); fullgraph=False: diffusers' attention dispatch may break the graph, which is allowed.
 COMPILE_OPTIONS = {"fullgraph": False}
@@ -89,6 +94,17 @@ TOKEN_INPUTS = frozenset({
     "hidden_states", "temb", "temb_ca_scale_shift", "temb_ca_gate", "video_rotary_emb", "ca_video_rotary_emb",
     "audio_hidden_states", "temb_audio", "temb_ca_audio_scale_shift", "temb_ca_audio_gate", "audio_rotary_emb",
     "ca_audio_rotary_emb"})
+
+
+@dataclass
+class CaptureCounts:
+    """CUDA graphs captured in this process and the warm-up forwards run before them (`record_graph`); the benches
+    read them per node: a warm run of a workflow should capture nothing."""
+    captures: int = 0
+    warmup_calls: int = 0
+
+
+COUNTS = CaptureCounts()
 
 
 def resolve_mode(mode: str, device: torch.device) -> str:
@@ -117,7 +133,7 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
     captures), so denoisers of different modes on one model do not disturb each other."""
     notify = notify or log.info
     resolved = resolve_mode(mode, next(model.parameters()).device)
-    if resolved != "eager" and is_streaming(model):
+    if streamed(model) and resolved != "eager":
         # A graph replays fixed addresses and a compiled block would trace the streamer's hooks: a model whose
         # blocks stream runs eagerly (the copies, not the launches, bound its step time then).
         log.info("LTX-2.5 sampler: %s → eager, the transformer's weights are streamed", resolved)
@@ -160,10 +176,21 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
     return with_backend
 
 
-def release(model: torch.nn.Module) -> None:
-    """Drop the model's CUDA graphs and their memory pool now (they otherwise live as long as the model), and the
-    per-shape positions and device copy of the last conditioning that `transformer.denoise` caches."""
+def streamed(model: torch.nn.Module) -> bool:
+    """Whether the model's blocks stream now; if so its graphs (captured while it was resident, and never replayed
+    while it streams) are dropped: their pool would hold memory beside the streamed weights."""
+    if not is_streaming(model):
+        return False
     vars(model).pop("_ltx25_graphs", None)
+    return True
+
+
+def release(model: torch.nn.Module) -> None:
+    """Drop the model's CUDA graphs and their memory pool now (they otherwise live as long as the model), the LoRA
+    set parked beside it (kernels/lora_linear.py), and the per-shape positions and device copy of the last
+    conditioning that `transformer.denoise` caches: the model is leaving the device, or its memory is needed."""
+    vars(model).pop("_ltx25_graphs", None)
+    drop_parked(model)
     model.release_caches()
 
 
@@ -252,28 +279,61 @@ class _Graph:
     attention: torch.Tensor | None  # the video self-attention's bias [N, N] (a reference's attention strength)
 
 
+class _Signature(NamedTuple):
+    """What a captured graph reads, by address: the DiT's weights and the LoRA set applied on the fly."""
+    weights: tuple   # (address, shape, dtype) of every parameter and buffer except the LoRA factors
+    token: object    # the installed LoRA set's token (kernels/lora_linear.py)
+    factors: tuple   # (address, shape, dtype) of its factors
+
+
+@dataclass
+class _GraphStore:
+    """A model's graphs: per signature (one per view that ran), per key; one memory pool for all."""
+    views: dict[_Signature, dict[tuple, Any]] = field(default_factory=dict)
+    pool: Any = None  # made by the first capture
+
+
 @dataclass
 class _GraphCache:
-    signature: tuple                # every DiT tensor's address and shape, and the on-the-fly LoRAs' token
-    graphs: dict[tuple, _Graph] = field(default_factory=dict)
-    pool: Any = None                # the shared memory pool, made by the first capture
+    """The graphs of the model's current view: `graphs` (key → graph) is its entry in the store."""
+    signature: _Signature
+    graphs: dict[tuple, Any]
+    store: _GraphStore
+
+    def make_room(self) -> None:
+        """Before a capture: at `MAX_GRAPHS` over all views, every view starts over (their entries emptied in
+        place, so a denoiser holding this cache files its next graph in the store)."""
+        if sum(map(len, self.store.views.values())) >= MAX_GRAPHS:
+            for graphs in self.store.views.values():
+                graphs.clear()
 
 
-def _weights_signature(model: torch.nn.Module) -> tuple:
-    """What a captured graph reads: the DiT's tensors (weights, and the buffers of LoRAs applied on the fly) by
-    address and shape, and the token of the LoRA set installed; a new set, or one landing at the old addresses with
-    other ranks, drops the graphs."""
-    tensors = (*model.dit.parameters(), *model.dit.buffers())
-    return (low_rank_token(model), *((t.data_ptr(), tuple(t.shape)) for t in tensors))
+def _weights_signature(model: torch.nn.Module) -> _Signature:
+    """The DiT's tensors by address, shape and dtype — the weights apart from the factors of the LoRAs applied on
+    the fly — and the installed LoRA set's token: a set landing at the old addresses with other ranks, or a new
+    set with every buffer in place, changes it."""
+    weights, factors = [], []
+    for module in model.dit.modules():
+        for name, t in (*module._parameters.items(), *module._buffers.items()):
+            if t is not None:
+                (factors if name in (DOWN, UP) else weights).append((t.data_ptr(), tuple(t.shape), t.dtype))
+    return _Signature(tuple(weights), low_rank_token(model), tuple(factors))
 
 
 def _graph_cache(model: torch.nn.Module) -> _GraphCache:
-    """The model's cache, emptied when its weights have moved since the capture (a graph replays fixed addresses)."""
+    """The graph cache of the view the model has now. Graphs filed under other weights (moved since) or under a LoRA
+    set whose factors the model no longer holds (neither installed nor parked) are dropped: they could never be
+    replayed, and they hold memory of the pool. A view without factors (the plain model) reads only the weights:
+    its graphs stay whichever set is installed."""
     signature = _weights_signature(model)
-    cache = vars(model).get("_ltx25_graphs")
-    if cache is None or cache.signature != signature:
-        cache = model._ltx25_graphs = _GraphCache(signature)
-    return cache
+    store = vars(model).get("_ltx25_graphs")
+    if store is None:
+        store = model._ltx25_graphs = _GraphStore()
+    live = live_tokens(model)
+    for stale in [s for s in store.views if s != signature and
+                  (s.weights != signature.weights or (s.factors and s.token not in live))]:
+        store.views.pop(stale).clear()
+    return _GraphCache(signature, store.views.setdefault(signature, {}), store)
 
 
 def _record(forward: Callable[[], Any], cache: _GraphCache, device: torch.device) -> Callable[[], Any]:
@@ -286,10 +346,10 @@ def _record(forward: Callable[[], Any], cache: _GraphCache, device: torch.device
             for _ in range(WARMUP_CALLS):
                 forward()
         torch.cuda.current_stream().wait_stream(stream)
-        cache.pool = cache.pool or torch.cuda.graph_pool_handle()
+        cache.store.pool = cache.store.pool or torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         # thread_local: CUDA work of another thread (ComfyUI's server, previews) must not invalidate this capture.
-        with torch.cuda.graph(graph, pool=cache.pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=cache.store.pool, capture_error_mode="thread_local"):
             outputs = forward()
 
     def replay() -> Any:
@@ -299,12 +359,15 @@ def _record(forward: Callable[[], Any], cache: _GraphCache, device: torch.device
 
 
 def graph_cache(model: torch.nn.Module) -> _GraphCache:
-    """The model's graph cache (shared with the guided denoiser's graphs: one pool, one weights signature)."""
+    """The graph cache of the model's current view (shared with the guided denoiser's graphs: one pool, one
+    signature per view)."""
     return _graph_cache(model)
 
 
 def record_graph(forward: Callable[[], Any], cache: _GraphCache, device: torch.device) -> Callable[[], Any]:
-    """Capture `forward()` in the cache's pool on `device` → `replay()` (see `_record`)."""
+    """Capture `forward()` in the cache's pool on `device` → `replay()` (see `_record`); counted in `COUNTS`."""
+    COUNTS.captures += 1
+    COUNTS.warmup_calls += WARMUP_CALLS
     return _record(forward, cache, device)
 
 
@@ -328,27 +391,27 @@ def _capture(model: torch.nn.Module, video: torch.Tensor, audio: torch.Tensor, c
     video_tokens = _static(patchify_video(video).to(weight.device, weight.dtype))
     audio_tokens = _static(patchify_audio(audio).to(weight.device, weight.dtype))
     steps, grid, attention = Timesteps(*map(_static, steps)), Grid(*map(_static, grid)), static_like(attention)
-    replay = _record(lambda: velocity(model, video_tokens, audio_tokens, steps, context, grid, attention), cache,
-                     weight.device)
+    replay = record_graph(lambda: velocity(model, video_tokens, audio_tokens, steps, context, grid, attention), cache,
+                          weight.device)
     return _Graph(replay, video_tokens, audio_tokens, steps, context, grid, attention)
 
 
 def _graph_denoiser(model: torch.nn.Module, cond, fps: float, spec: Mode,
                     guided: GuidedStage | None = None, notify: Notify = log.info) -> DenoiseFn:
     from .transformer import check_denoise_inputs, forward_inputs, x0_from_velocity
-    cache, weight = _graph_cache(model), model.dit.proj_in.weight
 
     def denoise(video: torch.Tensor, audio: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
         check_denoise_inputs(model.config, video, audio, cond)
         with torch.inference_mode():
+            # Looked up every call, as the guided passes do: model management may move the weights mid-run.
+            cache, weight = _graph_cache(model), model.dit.proj_in.weight
             steps, grid = forward_inputs(model, video, audio, sigma, fps, guided, weight.device)
             attention = None if guided is None else guided.attention_bias(weight.dtype, weight.device)
             key = (tuple(video.shape), tuple(audio.shape), float(fps), tuple(cond.video.shape),
                    tuple(cond.audio.shape), tuple(tuple(t.shape) for t in steps), weight.dtype, str(weight.device),
                    spec, attention is not None)
             if key not in cache.graphs:
-                if len(cache.graphs) >= MAX_GRAPHS:
-                    cache.graphs.clear()
+                cache.make_room()
                 if not spec.compile:  # a plain capture takes a few forwards: nothing to announce
                     _set_compiled(model, False)
                     cache.graphs[key] = _capture(model, video, audio, cond, fps, cache, steps, grid, attention)

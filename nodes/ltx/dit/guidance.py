@@ -138,7 +138,8 @@ def make_guided_denoiser(model: torch.nn.Module, guidance: Guidance, fps: float,
     guidance.check(len(model.dit.transformer_blocks))
     weight = model.dit.proj_in.weight
     device, dtype = weight.device, weight.dtype
-    graphed = accelerated_denoise.resolve_mode(mode, device) == "cuda_graph" and not _streaming(model)
+    graphed = (not accelerated_denoise.streamed(model)
+               and accelerated_denoise.resolve_mode(mode, device) == "cuda_graph")
     contexts = {False: _context(guidance.positive, device, dtype), True: None}
     if guidance.negative is not None:
         contexts[True] = _context(guidance.negative, device, dtype)
@@ -196,11 +197,6 @@ def _rows(context: torch.Tensor, batch: int) -> torch.Tensor:
     return context.expand(batch, -1, -1) if context.shape[0] == 1 and batch > 1 else context
 
 
-def _streaming(model: torch.nn.Module) -> bool:
-    from ..streaming import is_streaming
-    return is_streaming(model)
-
-
 def _perturbed_velocity(model, masks: Masks, tokens, steps, context, grid,
                         attention=None) -> tuple[torch.Tensor, torch.Tensor]:
     from .transformer import velocity
@@ -230,8 +226,7 @@ def _graph_forward(model, samples: Sequence[Perturbation], tokens, steps, contex
     key = ("guided", tuple(samples), tuple(tuple(t.shape) for t in values), shape, tokens[0].dtype,
            str(tokens[0].device), attention is not None)
     if key not in cache.graphs:
-        if len(cache.graphs) >= accelerated_denoise.MAX_GRAPHS:
-            cache.graphs.clear()
+        cache.make_room()
         statics = tuple(t.detach().clone().contiguous() for t in values)
         bias = accelerated_denoise.static_like(attention)
         masks = build_masks(samples, len(model.dit.transformer_blocks), tokens[0].device)

@@ -19,6 +19,14 @@ was compiled is never run by the compiled code, even if the block is compiled ag
 the hook reads (their presence, shapes and dtypes). So a model about to be compiled gets the hook on every Linear
 first (`hook_layers`), and installing or changing LoRAs afterwards only changes buffers.
 
+Switching views: a model alternating between two views (the dev pipeline's plain stage 1 and its stage 2 with the
+distilled LoRA) would copy every factor from the host again at each switch (2.9 s for the distilled LoRA's 8.1 GiB
+on an H200, docs/PERFORMANCE.md) and put it at new addresses, which a captured CUDA graph cannot replay. With `keep`
+the set a switch removes stays parked beside the model (its tensors, not in any module) and installing it again
+puts those very tensors back: no copy, the addresses its graphs were captured with. One set is parked at most (the
+last one removed), and whoever placed the model drops it (`drop_parked`) when it goes off the device or its memory
+is needed.
+
 Cost per forward: two GEMMs per patched layer, `2·N·R·(in + out)` FLOPs beside the layer's own `2·N·in·out`, i.e.
 a fraction `R·(1/in + 1/out)` (about 22% for rank 450 on a 4096×4096 projection); a merge instead costs
 `2·out·R·in` once plus a copy of the weight to restore it (bench/bench_lora.py measures both).
@@ -40,8 +48,20 @@ DOWN, UP = "lora_down", "lora_up"
 FLOAT_WEIGHTS = (torch.float32, torch.bfloat16, torch.float16)
 QUANTIZED_COMPUTE_DTYPE = torch.bfloat16  # a quantized layer's activations ('as stored' runs them in bf16)
 _STATE = "_ltx25_low_rank"               # the installed set's token, on the model
+_PARKED = "_ltx25_low_rank_parked"       # (token, {layer name: (down, up)}): the last set removed, kept for reuse
 
 Updates = Mapping[str, Sequence[tuple[float, LoraFactors]]]  # weight key → (strength, factors) per LoRA
+
+
+@dataclass
+class InstallCounts:
+    """Layers whose factors `install` copied next to their weight (`built_layers`) or took back from the parked set
+    (`reused_layers`) in this process; the benches read them (a warm run of a workflow should build none)."""
+    built_layers: int = 0
+    reused_layers: int = 0
+
+
+COUNTS = InstallCounts()
 
 
 def is_linear(module: nn.Module) -> bool:
@@ -120,15 +140,19 @@ def patched_layers(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if DOWN in m._buffers]
 
 
-def install(model: nn.Module, updates: Updates, token: object) -> bool:
+def install(model: nn.Module, updates: Updates, token: object, keep: bool = False) -> bool:
     """Make `model` apply exactly `updates` (weight key `….weight` → its LoRAs' (strength, factors)) on the fly:
     layers not in `updates` lose theirs. The factors are copied next to each layer's weight (which may be on the
     host, when the model is offloaded or streamed). `token` names the set: installing the same token again does
-    nothing. Returns True when what the model computes changed."""
+    nothing. `keep`: park the set being removed (module docstring); without it the parked set is dropped. A parked
+    set of this token gives its tensors back, each that is still next to its layer's weight in the layer's compute
+    dtype. Returns True when what the model computes changed."""
     state = vars(model)
     if token is not None and state.get(_STATE, None) == token:
         return False
     before = set(patched_layers(model))
+    parked_token, parked = state.pop(_PARKED, (None, {}))
+    reusable = parked if token is not None and parked_token == token else {}
     wanted: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     model_dtype = _model_dtype(model)
     for key, entries in updates.items():
@@ -140,18 +164,54 @@ def install(model: nn.Module, updates: Updates, token: object) -> bool:
         if module is None or not is_linear(module):
             raise LTX25Error(key, "a low-rank update's target", "not a Linear layer's weight",
                              "the weight of an nn.Linear or a quantized Linear")
+        kept = reusable.get(name)
+        if kept is not None and _still_fits(kept, module, model_dtype):
+            wanted[name] = kept
+            COUNTS.reused_layers += 1
+            continue
         factors = _factors_of(key, module, entries, model_dtype)
         if factors is not None:
             wanted[name] = factors
+            COUNTS.built_layers += 1
+    current = {name: (model.get_submodule(name)._buffers[DOWN], model.get_submodule(name)._buffers[UP])
+               for name in before}
     # The placement may keep pinned host copies of device tensors (streaming.place): a replaced factor's would
     # otherwise keep it, and its device memory, alive.
-    forget_host_copies(model, [model.get_submodule(name)._buffers[b] for name in before for b in (DOWN, UP)])
+    forget_host_copies(model, [t for pair in current.values() for t in pair])
+    previous = state.get(_STATE, None)
+    if keep and previous is not None:
+        state[_PARKED] = (previous, current)
     for name in before - set(wanted):
         _set(model.get_submodule(name), None)
     for name, factors in wanted.items():
         _set(model.get_submodule(name), factors)
     state[_STATE] = token
     return bool(before or wanted)
+
+
+def _still_fits(factors: tuple[torch.Tensor, torch.Tensor], module: nn.Module, model_dtype: torch.dtype) -> bool:
+    """A parked layer's factors can serve again: beside the layer's weight now, in its compute dtype (the model may
+    have been moved or cast since they were made)."""
+    dtype = compute_dtype(module, model_dtype)
+    return all(t.device == module.weight.device and t.dtype == dtype for t in factors)
+
+
+def drop_parked(model: nn.Module) -> None:
+    """Free the parked set (the model leaves the device, or its memory is needed)."""
+    vars(model).pop(_PARKED, None)
+
+
+def parked_bytes(model: nn.Module) -> int:
+    """The bytes of the parked set's tensors (0 when none is parked)."""
+    _token, parked = vars(model).get(_PARKED, (None, {}))
+    return sum(t.numel() * t.element_size() for pair in parked.values() for t in pair)
+
+
+def live_tokens(model: nn.Module) -> tuple:
+    """The tokens of the sets whose tensors the model holds: the installed one and the parked one. A graph captured
+    under another set can never be replayed (its factors are gone)."""
+    state = vars(model)
+    return state.get(_STATE, None), state.get(_PARKED, (None, {}))[0]
 
 
 def token_of(model: nn.Module) -> object:
@@ -181,3 +241,8 @@ class LowRankSet:
 
     def nbytes(self) -> int:
         return update_bytes(self.updates)
+
+
+# The view without LoRAs on the fly, whoever holds it: one token, so every plain view of a model is one set (its
+# graphs are captured once, and installing it again is free).
+NO_LOW_RANK = LowRankSet()

@@ -1,0 +1,207 @@
+"""Switching between views of one model with LoRAs on the fly (nodes/ltx/kernels/lora_linear.py parking, the CUDA
+graph cache of nodes/ltx/dit/accelerated_denoise.py, the standalone patcher): the set a switch removes is parked and
+comes back as the same tensors; each view's graphs are kept and replayed, never over other tensors than they were
+captured with (a stand-in capture checks every replay); a new set, a set whose factors are gone or moved weights
+capture again; MAX_GRAPHS bounds all views; unloading or a short placement drops the parked set."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nodes.comfy import bridge
+from nodes.comfy.handles import Loaded
+from nodes.ltx import streaming
+from nodes.ltx.conditioning import Conditioning
+from nodes.ltx.dit import accelerated_denoise
+from nodes.ltx.dit import transformer as T
+from nodes.ltx.files.assets import inspect_asset
+from nodes.ltx.files.lora import LoraTargets, read_lora
+from nodes.ltx.kernels import lora_linear
+from nodes.tools.tiny import lora as tiny_lora
+from test_lora_on_the_fly import LORAS, RANK, _factors, _inputs, _relative, _with_loras
+
+
+def test_a_parked_set_serves_again_only_beside_its_weights_in_their_dtype():
+    """With `keep`, the set a switch removes is parked and installing its token again puts the same tensors back;
+    after the model was cast (or moved) they no longer sit beside the weights in their dtype and are made again;
+    without `keep` nothing is parked."""
+    model = torch.nn.Module()
+    model.layer = torch.nn.Linear(64, 32)
+    a, b = {"layer.weight": [(1.0, _factors(1, 32, 64))]}, {"layer.weight": [(0.5, _factors(2, 32, 64))]}
+    lora_linear.install(model, a, "a", keep=True)
+    down = model.layer.lora_down
+    lora_linear.install(model, b, "b", keep=True)
+    assert lora_linear.live_tokens(model) == ("b", "a") and lora_linear.parked_bytes(model) > 0
+    lora_linear.install(model, a, "a", keep=True)
+    assert model.layer.lora_down is down and lora_linear.live_tokens(model) == ("a", "b")
+    model.bfloat16()
+    lora_linear.install(model, b, "b", keep=True)
+    assert model.layer.lora_down.dtype == torch.bfloat16, "fp32 factors parked before the cast came back"
+    lora_linear.install(model, a, "a")
+    assert lora_linear.parked_bytes(model) == 0 and lora_linear.live_tokens(model) == ("a", None)
+
+
+def _address_checked_capture(monkeypatch, module: torch.nn.Module) -> list:
+    """The CUDA capture replaced by a stand-in that, like a real graph, is only valid over the tensors it was
+    captured with: its 'replay' fails unless the model still holds every weight and LoRA factor at the address,
+    shape and dtype of the capture (and the same set's token), then runs the forward. Returns the signatures
+    captured, in order."""
+    captured = []
+
+    def record(forward, cache, device):
+        captured.append(cache.signature)
+
+        def replay():
+            now = accelerated_denoise._weights_signature(module)
+            assert now == cache.signature, "a graph replayed over other tensors than it was captured with"
+            return forward()
+        return replay
+    monkeypatch.setattr(accelerated_denoise, "_record", record)
+    return captured
+
+
+def _graph_x0(view: Loaded, shape=(1, 128, 2, 2, 2)) -> tuple[torch.Tensor, torch.Tensor]:
+    """`view` made ready, then one step of the graph denoiser (the stand-in capture) against the eager x0."""
+    module = view.ready()
+    _video, audio, cond = _inputs()
+    video = torch.randn(shape, generator=torch.Generator().manual_seed(22))
+    got = accelerated_denoise._graph_denoiser(module, cond, 24.0, accelerated_denoise.MODES["cuda_graph"])(
+        video, audio, 0.6)
+    want = T.denoise(module, video, audio, 0.6, cond, 24.0)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)), f"graph vs eager: {_relative(got, want):.2e}"
+    return got
+
+
+@pytest.fixture
+def graphed(transformer_path, monkeypatch):
+    """A float32 tiny transformer registered as the loader registers it (release on unload), with the capture
+    stand-in: (base handle, captured signatures)."""
+    module = T.load_transformer(transformer_path, torch.float32)
+    base = Loaded.register(module, inspect_asset(transformer_path), on_unload=accelerated_denoise.release)
+    return base, _address_checked_capture(monkeypatch, module)
+
+
+def _counts() -> tuple[int, int, int, int]:
+    return (accelerated_denoise.COUNTS.captures, accelerated_denoise.COUNTS.warmup_calls,
+            lora_linear.COUNTS.built_layers, lora_linear.COUNTS.reused_layers)
+
+
+def _guided_x0(view: Loaded, monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """`view` made ready, then one step of the dev stage 1's guided denoiser (CFG, STG at block 1, modality
+    guidance: three graphs, cond and uncond sharing one) through its graph path on the CPU."""
+    from nodes.ltx.dit import guidance as G
+    monkeypatch.setattr(G, "_eager_forward", G._graph_forward)
+    video, audio, cond = _inputs()
+    negative = Conditioning(-cond.video, -cond.audio)
+    guidance = G.Guidance(cond, negative, G.ModalityGuidance(cfg=3.0, stg=1.0, stg_blocks=(1,), modality=2.0),
+                          G.ModalityGuidance(cfg=7.0))
+    return G.make_guided_denoiser(view.ready(), guidance, 24.0, "eager")(video, audio, 0.6)
+
+
+def test_switching_between_the_plain_and_the_lora_view_replays_both_views_graphs(graphed, tmp_path, monkeypatch):
+    """The dev pipeline's pattern, three runs: the plain view guided (stage 1: three graphs), then a view with a
+    LoRA on the fly (stage 2: one graph), and back. Each view is captured on the first run only; later runs replay
+    its graphs (the stand-in fails a replay over moved or other tensors) with the first run's x0. Switching back to
+    the LoRA view puts back the very factor tensors that were parked beside the model: nothing is copied again.
+    Fails if a view change drops the graphs, if the removed set is not parked or not reused, or if the two views
+    share a graph."""
+    base, captured = graphed
+    lora = _with_loras(base, tmp_path, LORAS[:1])
+    layers = len(tiny_lora.tiny_lora_factors(1, RANK))
+    start = _counts()
+    x0 = [(_guided_x0(base, monkeypatch), _graph_x0(lora)) for _ in range(3)]
+    module = base.module
+    assert len(captured) == 4 and len(set(captured[:3])) == 1 and captured[3].token != captured[0].token
+    assert not captured[0].factors and captured[3].factors
+    captures, warmups, built, reused = (b - a for a, b in zip(start, _counts()))
+    assert (captures, warmups) == (4, 4 * accelerated_denoise.WARMUP_CALLS)
+    assert (built, reused) == (layers, 2 * layers), f"factors built {built}, reused {reused} of {layers} layers"
+    assert all(torch.equal(a, b) for run in x0[1:] for got, want in zip(run, x0[0]) for a, b in zip(got, want))
+    lora.ready()
+    kept = [(m.lora_down, m.lora_up) for m in map(module.get_submodule, lora_linear.patched_layers(module))]
+    base.ready()
+    assert lora_linear.parked_bytes(module) == sum(t.nbytes for pair in kept for t in pair)
+    lora.ready()
+    again = [(m.lora_down, m.lora_up) for m in map(module.get_submodule, lora_linear.patched_layers(module))]
+    assert all(a is b for pair, other in zip(kept, again) for a, b in zip(pair, other))
+    assert _relative(_graph_x0(lora), _graph_x0(base)) > 1e-3, "the LoRA view computes the plain model"
+
+
+def test_without_parking_the_plain_views_graphs_still_outlive_a_lora_view(graphed, tmp_path, monkeypatch):
+    """Where nothing is parked (ComfyUI's model management, which would not see the parked memory), a LoRA view's
+    factors are copied again at each switch and its graph is captured again; the plain view's graphs read only the
+    weights and are replayed whichever LoRA view ran in between. Fails if graphs without factors are dropped with
+    the set they were filed under."""
+    from nodes.comfy.bridge import standalone
+    monkeypatch.setattr(standalone, "install_low_rank", lambda model, updates, token, keep=False:
+                        lora_linear.install(model, updates, token))
+    base, captured = graphed
+    lora = _with_loras(base, tmp_path, LORAS[:1])
+    for view in (base, lora, base, lora):
+        _graph_x0(view)
+    assert [s.token for s in captured] == [bridge.low_rank_of(v.patcher).token for v in (base, lora, lora)]
+
+
+def test_a_new_strength_a_third_view_or_a_moved_weight_capture_again(graphed, tmp_path):
+    """Graphs are only found under the exact set and addresses: the LoRA at another strength (a new set) is
+    captured anew while the earlier sets still replay; a switch that leaves a set neither installed nor parked
+    drops its graphs (its factors are gone, so they could never replay) and it is captured again on its next use;
+    a moved weight drops every view's graphs."""
+    base, captured = graphed
+    strong = _with_loras(base, tmp_path, LORAS[:1])
+    weak = base.with_weight_deltas(read_lora(str(tmp_path / "peft1.safetensors"),
+                                             LoraTargets.of(base.module, T.KEY_MAP)), 0.3)
+    token = {id(v): bridge.low_rank_of(v.patcher).token for v in (base, strong, weak)}
+    for view in (base, strong, weak, strong, base):
+        _graph_x0(view)
+    assert [s.token for s in captured] == [token[id(v)] for v in (base, strong, weak)]
+    store = vars(base.module)["_ltx25_graphs"]
+    assert {s.token for s in store.views} == {token[id(base)], token[id(strong)]}, "weak's factors are gone"
+    _graph_x0(weak)
+    assert len(captured) == 4 and captured[3].token == token[id(weak)]
+    weight = base.module.dit.transformer_blocks[0].ff.net[2].weight
+    weight.data = weight.data.clone()
+    _graph_x0(base)
+    assert len(captured) == 5 and len(store.views) == 1
+
+
+def test_the_graphs_of_all_views_stay_within_max_graphs(graphed, tmp_path, monkeypatch):
+    """`MAX_GRAPHS` bounds a model's graphs over all its views (their memory pool is one): two views at two shapes
+    each never hold more than the bound, and a capture beyond it starts every view over."""
+    base, captured = graphed
+    monkeypatch.setattr(accelerated_denoise, "MAX_GRAPHS", 3)
+    lora = _with_loras(base, tmp_path, LORAS[:1])
+    store = []
+    for view in (base, lora):
+        for shape in ((1, 128, 2, 2, 2), (1, 128, 2, 4, 2)):
+            _graph_x0(view, shape)
+            store = vars(base.module)["_ltx25_graphs"]
+            assert sum(map(len, store.views.values())) <= 3
+    assert len(captured) == 4 and sum(map(len, store.views.values())) == 1
+
+
+def test_offloading_or_a_short_placement_drops_the_parked_set(graphed, tmp_path, monkeypatch):
+    """Parked factors are memory beside the weights that model management does not see: the model's unload drops
+    them (with the graphs), and so does a placement that would otherwise have to stream the blocks (a card stood in
+    for, whose free memory the parked set takes, fitting the LoRA view, or the plain view with a working memory the
+    size of the factors, but not that beside them); the next install copies the factors again."""
+    from nodes.comfy.bridge import standalone
+    base, _captured = graphed
+    module = base.module
+    lora = _with_loras(base, tmp_path, LORAS[:1])
+    lora.ready()
+    base.ready()
+    parked = lora_linear.parked_bytes(module)
+    assert parked > 0
+    bridge.unload_model(base.patcher)
+    assert lora_linear.parked_bytes(module) == 0 and "_ltx25_graphs" not in vars(module)
+    card = bridge.module_bytes(module) + parked + parked // 2
+    monkeypatch.setattr(standalone.StandalonePatcher, "_budget",
+                        lambda self, device: card - lora_linear.parked_bytes(self.model))
+    lora.ready()  # built again; the plain view's (empty) set parked
+    built = lora_linear.COUNTS.built_layers
+    base.ready(parked)
+    assert lora_linear.parked_bytes(module) == 0 and not streaming.is_streaming(module)
+    monkeypatch.undo()  # a card as large as the host again: the LoRA view beside the plain view's working memory
+    lora.ready()
+    assert lora_linear.COUNTS.built_layers > built
