@@ -8,7 +8,9 @@ through the pack's LoRA path, once merged (ComfyUI's own ModelPatcher applies it
 on the fly (the factors ride on the patcher as an attachment and are installed beside their layers after ComfyUI's
 load). The report holds, per mode, the patch values' type, how far the result is from a merge by hand (the loaded
 weights when merged, the x0 when on the fly), whether the weights were left alone (on the fly) and whether loading
-the unpatched handle again restores every weight and the x0 bit for bit.
+the unpatched handle again restores every weight and the x0 bit for bit; and whether loading a plain view again
+keeps the installed LoRA set (the empty one: the token its CUDA graphs are filed under), and that reloading a
+model, or a clone of it, keeps what lives beside its weights (its release hook runs on unload only).
 """
 from __future__ import annotations
 
@@ -86,6 +88,18 @@ def main(argv: list[str] | None = None) -> int:
             all(torch.equal(a, b) for a, b in zip(again, base_x0)) and not lora_linear.patched_layers(model)
         report[apply] = entry
     report["lora_layers"] = len(tiny_lora.tiny_lora_factors(2, 4))
+    token = lora_linear.token_of(model)
+    base.clone().ready()
+    report["plain_set_kept"] = lora_linear.token_of(model) == token  # its CUDA graphs stay valid
+    released = []  # the release hook the transformer loader registers (CUDA graphs, parked factors, caches)
+    probe = Loaded.register(T.load_transformer(args.transformer, torch.float32), inspect_asset(args.transformer),
+                            on_unload=released.append)
+    twin = probe.clone()
+    for handle in (probe, probe, twin):  # load_models_gpu detaches each loaded clone, itself included, first
+        handle.ready()
+    report["released_on_reload"] = len(released)
+    bridge.unload_model(twin.patcher)
+    report["released_on_unload"] = len(released) - report["released_on_reload"]
     with open(args.report, "w", encoding="utf-8") as f:
         json.dump(report, f)
     return 0

@@ -20,7 +20,10 @@ def test_comfyui_applies_loras_merged_with_its_own_adapters_and_on_the_fly_besid
     ComfyUI clone of the patched handle. Merged: the patch values are `comfy.weight_adapter.LoRAAdapter`s (never
     dense deltas) and the weights ComfyUI loads equal W + Σ strength·alpha/rank·up@down. On the fly: no weight
     patch at all, every LoRA layer carries its factors after ComfyUI's load, the weights stay untouched and the x0
-    equals the hand-merged model's. Loading the unpatched handle restores weights and x0 exactly after both."""
+    equals the hand-merged model's. Loading the unpatched handle restores weights and x0 exactly after both, and
+    loading a plain clone of it again keeps the installed (empty) set, under which its CUDA graphs are filed. The
+    transformer's release hook (its graphs and parked factors) runs when it is unloaded, not when ComfyUI's
+    `load_models_gpu` detaches a loaded clone (itself included) before loading it again: the weights stay put."""
     report_path = tmp_path / "report.json"
     cmd = [h.comfyui_python(), os.path.join(h.PACK_ROOT, "tests", "comfyui_lora_driver.py"),
            "--comfyui", h.comfyui_path(), "--pack", h.PACK_ROOT, "--transformer", transformer_path,
@@ -34,3 +37,5 @@ def test_comfyui_applies_loras_merged_with_its_own_adapters_and_on_the_fly_besid
     assert on_the_fly["patch_types"] == [] and on_the_fly["low_rank_layers"] == report["lora_layers"], report
     assert on_the_fly["weights_untouched"] and on_the_fly["x0_relative_diff"] < 1e-5, report
     assert on_the_fly["restored"], report
+    assert report["plain_set_kept"], "a plain view loaded again installs a new empty LoRA set (its graphs are lost)"
+    assert (report["released_on_reload"], report["released_on_unload"]) == (0, 1), report

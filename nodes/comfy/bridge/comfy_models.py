@@ -45,10 +45,14 @@ def _comfy_patcher(module: torch.nn.Module, on_unload: Callable[[torch.nn.Module
     vars(engine_module)["_ltx25_name"] = name
     from comfy.patcher_extension import CallbacksMP
 
-    def on_detach(_patcher, _unpatch_all) -> None:
+    def on_detach(_patcher, unpatch_all) -> None:
+        # `load_models_gpu` detaches every loaded clone of a model it is asked to load, the asked patcher itself
+        # included, with unpatch_all=False: the weights stay where they are, so what lives beside them (CUDA graphs,
+        # filed under the addresses they read) is kept unless the blocks streamed (graphs are not used then).
+        keep = not unpatch_all and not streaming.is_streaming(engine_module)
         streaming.remove_streamer(engine_module)
         vars(engine_module).pop("_ltx25_settled", None)
-        if on_unload is not None:
+        if on_unload is not None and not keep:
             on_unload(engine_module)
     patcher.add_callback(CallbacksMP.ON_DETACH, on_detach)
     return patcher

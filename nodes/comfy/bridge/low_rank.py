@@ -3,7 +3,7 @@ merges."""
 from __future__ import annotations
 
 from ...ltx.files.lora import LoraFactors
-from ...ltx.kernels.lora_linear import LowRankSet
+from ...ltx.kernels.lora_linear import NO_LOW_RANK, LowRankSet
 from .comfyui import HAS_COMFY
 
 LOW_RANK = "ltx25_low_rank"  # the ComfyUI patcher attachment holding a view's on-the-fly LoRAs
@@ -14,7 +14,7 @@ def add_low_rank(patcher, factors: dict[str, LoraFactors], strength: float) -> N
     weights): installed beside their layers when the view is loaded, never merged into the weights. In ComfyUI
     they ride on the patcher as an attachment (clones copy it), so ComfyUI's own weight patching never sees them."""
     if HAS_COMFY:
-        patcher.set_attachments(LOW_RANK, (patcher.get_attachment(LOW_RANK) or LowRankSet()).plus(factors, strength))
+        patcher.set_attachments(LOW_RANK, (patcher.get_attachment(LOW_RANK) or NO_LOW_RANK).plus(factors, strength))
     else:
         patcher.low_rank = patcher.low_rank.plus(factors, strength)
 
@@ -22,7 +22,7 @@ def add_low_rank(patcher, factors: dict[str, LoraFactors], strength: float) -> N
 def low_rank_of(patcher) -> LowRankSet:
     """The view's on-the-fly LoRAs (empty when it has none)."""
     if HAS_COMFY:
-        return patcher.get_attachment(LOW_RANK) or LowRankSet()
+        return patcher.get_attachment(LOW_RANK) or NO_LOW_RANK
     return patcher.low_rank
 
 
