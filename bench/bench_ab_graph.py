@@ -53,7 +53,8 @@ from nodes.tools.graph import validate  # noqa: E402
 from nodes.comfy.handles import Loaded  # noqa: E402
 from nodes.tools.run import execute as run_execute  # noqa: E402
 from nodes.ltx.text import encoder as te
-from nodes.ltx.dit.accelerated_denoise import release  # noqa: E402
+from nodes.ltx.dit.accelerated_denoise import COUNTS as CAPTURES, release  # noqa: E402
+from nodes.ltx.kernels.lora_linear import COUNTS as LORA_INSTALLS  # noqa: E402
 from nodes.ltx.files.assets import AssetInfo, Header, Kind  # noqa: E402
 from nodes.tools.tiny import write_tiny_set  # noqa: E402
 from nodes.ltx.release import GEMMA_VERSION, MODEL_VERSION, OFFICIAL_FILES, SHIPPED_CONV_VAE_CONFIG  # noqa: E402
@@ -191,6 +192,13 @@ def _residency(heavy: dict[str, torch.nn.Module]) -> list[str]:
     return [name for name, module in heavy.items() if _on_gpu(module)]
 
 
+def _engine_counts() -> dict:
+    """The engine's counters: CUDA graphs captured and their warm-up forwards, LoRA layers whose on-the-fly factors
+    were copied next to their weight or taken back from the parked set (kernels/lora_linear.py)."""
+    return {"graph_captures": CAPTURES.captures, "graph_warmup_calls": CAPTURES.warmup_calls,
+            "lora_layers_built": LORA_INSTALLS.built_layers, "lora_layers_reused": LORA_INSTALLS.reused_layers}
+
+
 def run_graph(prompt: dict, preset: dict, device: torch.device, heavy: dict,
               only: tuple[str, ...] = ()) -> tuple[dict, dict, float]:
     """The graph through the runner's executor (async saves overlap later nodes, as in ComfyUI); loader ids in
@@ -208,6 +216,7 @@ def run_graph(prompt: dict, preset: dict, device: torch.device, heavy: dict,
             _sync(device)
             torch.cuda.reset_peak_memory_stats(device)
             row["alloc_start_gib"] = torch.cuda.memory_allocated(device) / GiB
+        row["counts_start"] = _engine_counts()
         row["t_start"] = time.perf_counter() - origin
 
     def on_end(node_id: str, result, seconds: float) -> None:
@@ -221,9 +230,11 @@ def run_graph(prompt: dict, preset: dict, device: torch.device, heavy: dict,
                        alloc_end_gib=torch.cuda.memory_allocated(device) / GiB,
                        driver_used_end_gib=(total - free) / GiB)
         row["on_gpu_end"] = _residency(heavy)
+        row.update({k: v - row["counts_start"][k] for k, v in _engine_counts().items()})
         if isinstance(result, dict) and prompt[node_id]["class_type"] == "LTX25DiffusionVAEDecode":
             row["decode_stats"] = result.get("ui", {}).get("ltx25_decode_stats")
-        print(f"[bench] {node_id:>3} {row['node']:<36} {row['s']:8.3f} s  (ends at {row['t_end']:.3f} s)",
+        counts = "".join(f"  {k} {row[k]}" for k in _engine_counts() if row[k])
+        print(f"[bench] {node_id:>3} {row['node']:<36} {row['s']:8.3f} s  (ends at {row['t_end']:.3f} s){counts}",
               file=sys.stderr, flush=True)
 
     result = run_execute(prompt, NODE_CLASS_MAPPINGS, preset=preset, on_start=on_start, on_end=on_end,
@@ -318,8 +329,8 @@ def cold_and_warm(prompt: dict, preset: dict, device: torch.device, heavy: dict,
     """A variant graph's two runs (bench_i2v_graph, bench_dev_graph): cold, then warm; per node seconds and peak
     GiB and both walls into `result`, written as JSON to `out`."""
     def rows(run: dict) -> dict:
-        return {k: {"node": r["node"], "s": round(r["s"], 3), "peak_gib": round(r.get("peak_gib", 0.0), 3)}
-                for k, r in run.items()}
+        return {k: {"node": r["node"], "s": round(r["s"], 3), "peak_gib": round(r.get("peak_gib", 0.0), 3),
+                    **{c: r[c] for c in _engine_counts()}} for k, r in run.items()}
     cold, _, cold_wall = run_graph(prompt, preset, device, heavy)
     warm, _, warm_wall = run_graph(prompt, preset, device, heavy)
     result.update(cold_wall_s=round(cold_wall, 3), warm_wall_s=round(warm_wall, 3), cold=rows(cold),
