@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nodes.comfy import bridge
 from nodes.comfy.handles import Loaded
@@ -41,20 +42,52 @@ def test_a_parked_set_serves_again_only_beside_its_weights_in_their_dtype():
     assert lora_linear.parked_bytes(model) == 0 and lora_linear.live_tokens(model) == ("a", None)
 
 
+class _Reads(TorchDispatchMode):
+    """Records the tensors a forward reads that it did not make itself (weights, buffers, LoRA factors, caches on
+    the model, static inputs): (address, shape, stride, dtype) of every such operand of every op. What an op
+    returns is made by the forward, and so is anything read through it (a weight's transpose)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: set[tuple] = set()
+        self._made: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        operands = [*args, *(kwargs or {}).values()]
+        for t in (t for arg in operands for t in (arg if isinstance(arg, (list, tuple)) else (arg,))):
+            if isinstance(t, torch.Tensor) and t.data_ptr() not in self._made:
+                self.reads.add((t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype))
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (list, tuple)) else (out,)):
+            if isinstance(t, torch.Tensor) and t.numel():
+                self._made.add(t.data_ptr())
+        return out
+
+
+def _reads_of(forward) -> tuple[set, object]:
+    with _Reads() as mode:
+        out = forward()
+    return mode.reads, out
+
+
 def _address_checked_capture(monkeypatch, module: torch.nn.Module) -> list:
     """The CUDA capture replaced by a stand-in that, like a real graph, is only valid over the tensors it was
-    captured with: its 'replay' fails unless the model still holds every weight and LoRA factor at the address,
-    shape and dtype of the capture (and the same set's token), then runs the forward. Returns the signatures
-    captured, in order."""
+    captured with: after a warm-up forward the 'capture' records every tensor the forward reads from outside itself
+    (by address, shape, stride and dtype, whatever the cache's signature holds), and each 'replay' fails unless
+    the forward reads exactly those again. Returns the cache signatures captured, in order."""
     captured = []
 
     def record(forward, cache, device):
         captured.append(cache.signature)
+        forward()  # the warm-up a real capture runs first: caches the forward fills are in place
+        reads, _ = _reads_of(forward)
+        assert any(address == t.data_ptr() for address, *_ in reads for t in module.parameters())
 
         def replay():
-            now = accelerated_denoise._weights_signature(module)
-            assert now == cache.signature, "a graph replayed over other tensors than it was captured with"
-            return forward()
+            now, out = _reads_of(forward)
+            assert now == reads, (f"a graph replayed over other tensors than it was captured with: "
+                                  f"{len(reads - now)} read at capture, {len(now - reads)} new")
+            return out
         return replay
     monkeypatch.setattr(accelerated_denoise, "_record", record)
     return captured
@@ -205,3 +238,4 @@ def test_offloading_or_a_short_placement_drops_the_parked_set(graphed, tmp_path,
     monkeypatch.undo()  # a card as large as the host again: the LoRA view beside the plain view's working memory
     lora.ready()
     assert lora_linear.COUNTS.built_layers > built
+
