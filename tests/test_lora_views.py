@@ -239,3 +239,40 @@ def test_offloading_or_a_short_placement_drops_the_parked_set(graphed, tmp_path,
     lora.ready()
     assert lora_linear.COUNTS.built_layers > built
 
+
+class _Patcher:
+    """The parts of a ComfyUI ModelPatcher `_comfy_load` reads, set by the test."""
+
+
+def test_comfyui_loads_ask_for_the_kept_graphs_idle_pool_and_release_graphs_of_repatched_weights(monkeypatch):
+    """ComfyUI's free memory counts the idle memory of the private pools of CUDA graphs kept across loads as free:
+    `_comfy_load` asks model management for it on top of the work's memory (or it evicts too little); the run's
+    request remembered for a reload stays the caller's. A model whose weights carry another view's merged patches
+    (ComfyUI unpatches them in this load, new tensors) has its graphs released before the load, not one whose
+    weights carry this view's or none."""
+    import types
+    import uuid
+    from nodes.comfy.bridge import comfy_models
+    gib = 2**30
+    asked, released, emptied = [], [], []
+    monkeypatch.setattr(comfy_models, "_mm", types.SimpleNamespace(
+        load_models_gpu=lambda patchers, memory_required, force_full_load: asked.append(memory_required),
+        soft_empty_cache=lambda: emptied.append(True)))
+    monkeypatch.setattr(comfy_models, "graph_pool_idle_bytes", lambda device: 3 * gib if device.type == "cuda" else 0)
+    monkeypatch.setattr(comfy_models, "_settle", lambda p: None)
+    monkeypatch.setattr(comfy_models, "_in_use", ([], 0))
+    monkeypatch.setattr(comfy_models, "_install_low_rank_comfy", lambda p: None)
+    module = torch.nn.Linear(4, 4)
+    vars(module)["_ltx25_release"] = released.append
+    mine = uuid.uuid4()
+    patcher = _Patcher()
+    patcher.model, patcher.load_device, patcher.patches_uuid = module, torch.device("cuda", 0), mine
+    patcher.low_rank = lora_linear.NO_LOW_RANK
+    for weights_patched_by in (None, mine):
+        module.current_weight_patches_uuid = weights_patched_by
+        comfy_models._comfy_load([patcher], 5 * gib)
+    assert asked == [8 * gib, 8 * gib] and comfy_models._in_use[1] == 5 * gib and not released
+    module.current_weight_patches_uuid = uuid.uuid4()
+    comfy_models._comfy_load([patcher], 5 * gib)
+    assert released == [module] and emptied
+

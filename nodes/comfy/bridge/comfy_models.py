@@ -43,6 +43,7 @@ def _comfy_patcher(module: torch.nn.Module, on_unload: Callable[[torch.nn.Module
     patcher = _patcher.ModelPatcher(module, load_device=compute_device(), offload_device=offload_device(),
                                     size=module_bytes(module))
     vars(engine_module)["_ltx25_name"] = name
+    vars(engine_module)["_ltx25_release"] = on_unload
     from comfy.patcher_extension import CallbacksMP
 
     def on_detach(_patcher, unpatch_all) -> None:
@@ -191,14 +192,32 @@ def _comfy_streams(patcher, memory_required: int) -> bool:
 _in_use: tuple[list[weakref.ref], int] = ([], 0)
 
 
+def _release_repatched(patchers: list) -> None:
+    """Run the release hook of each model whose weights carry another view's merged patches: ComfyUI unpatches them
+    (new tensors) in this load anyway, so its graphs could never replay, and their pool memory must not count as
+    free while it plans."""
+    released = False
+    for p in patchers:
+        release = vars(_engine_module(p)).get("_ltx25_release")
+        if release is not None and getattr(p.model, "current_weight_patches_uuid", None) not in (None, p.patches_uuid):
+            release(_engine_module(p))
+            released = True
+    if released:
+        _mm.soft_empty_cache()  # the graphs' pool back to the driver before ComfyUI reads the free memory
+
+
 def _comfy_load(patchers: list, memory_required: int) -> None:
     global _in_use
+    _release_repatched(patchers)
+    # CUDA graphs kept across loads hold idle memory in their private pools, which ComfyUI's free memory counts as
+    # free: asked for on top, so model management evicts for the work as if that memory were taken.
+    asked = memory_required + max((graph_pool_idle_bytes(torch.device(p.load_device)) for p in patchers), default=0)
     streamable = [p for p in patchers if streaming.blocks_of(_engine_module(p))]
     # What a partly loaded model holds beside ComfyUI's budget for its weights: the two slots streaming copies
     # through, and its weights outside the blocks (which `_settle` loads whatever ComfyUI left). Asked for with the
     # working memory, so model management evicts for them and keeps its budget clear of them.
     reserve = sum(streaming.slot_reserve(_engine_module(p)) + streaming.outside_blocks_bytes(_engine_module(p))
-                  for p in streamable if _comfy_streams(p, memory_required))
+                  for p in streamable if _comfy_streams(p, asked))
     # ComfyUI counts state_dict bytes: the on-the-fly LoRA factors (non-persistent buffers) are extra.
     factors = sum(low_rank_of(p).nbytes() for p in patchers)
     # Weights still views of their file's map: those ComfyUI's load copies to the device give their pages back after
@@ -206,7 +225,7 @@ def _comfy_load(patchers: list, memory_required: int) -> None:
     files = FileMappings.current()
     views = {id(p): streaming.mapped_views(_engine_module(p), files) for p in patchers}
     # A model without blocks cannot stream: ComfyUI loads it whole (evicting others), as core loads its VAEs.
-    _mm.load_models_gpu(patchers, memory_required=memory_required + reserve + factors, force_full_load=not streamable)
+    _mm.load_models_gpu(patchers, memory_required=asked + reserve + factors, force_full_load=not streamable)
     for p in patchers:
         _settle(p)
         _install_low_rank_comfy(p)
