@@ -276,3 +276,41 @@ def test_comfyui_loads_ask_for_the_kept_graphs_idle_pool_and_release_graphs_of_r
     comfy_models._comfy_load([patcher], 5 * gib)
     assert released == [module] and emptied
 
+
+def test_a_load_needing_room_drops_what_live_models_keep_before_unloading_them(monkeypatch):
+    """Standalone: a decoder needing room that the transformer's graphs and parked LoRA set take gets it from
+    them; the transformer stays on the device (an unload would cost a full reload on the next run). Only when that
+    is not enough is the transformer unloaded."""
+    from test_bridge import FakePatcher
+    gib = 2**30
+    transformer, decoder = FakePatcher(8 * gib), FakePatcher(4 * gib)
+    kept = {"bytes": 0}
+    transformer.on_unload = lambda model: kept.update(bytes=0)
+    capacity = 16 * gib
+    live = bridge.standalone._standalone_live
+    monkeypatch.setattr(bridge.standalone, "free_device_memory",
+                        lambda device=None: capacity - kept["bytes"] - sum(p.size for p in live() if p.on_device))
+    bridge.load_models([transformer])
+    kept["bytes"] = 3 * gib  # graphs and a parked set: 5 GiB free, 4 + 1 of work + the headroom does not fit
+    bridge.load_models([decoder], memory_required=gib)
+    assert decoder.on_device and transformer.on_device and kept["bytes"] == 0
+    bridge.unload_model(decoder)
+    capacity = 12 * gib
+    bridge.load_models([decoder], memory_required=gib)
+    assert decoder.on_device and not transformer.on_device, "nothing else frees the room: the transformer goes"
+    bridge.unload_model(decoder)
+
+
+def test_an_offloaded_model_parks_nothing(graphed, tmp_path):
+    """A view switch while the model is off its device (unloaded) parks nothing: factors left on the host could
+    never serve again beside the placed weights."""
+    base, _captured = graphed
+    lora = _with_loras(base, tmp_path, LORAS[:1])
+    lora.ready()
+    bridge.unload_model(lora.patcher)
+    base.ready()
+    assert lora_linear.parked_bytes(base.module) == 0 and lora_linear.live_tokens(base.module)[1] is None
+    lora.ready()
+    base.ready()
+    assert lora_linear.parked_bytes(base.module) > 0, "a placed model parks the set a switch removes"
+

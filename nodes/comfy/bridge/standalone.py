@@ -75,11 +75,13 @@ class StandalonePatcher:
 
     def apply_patches(self) -> bool:
         """Make the shared module compute this patcher's view: its on-the-fly LoRAs installed (another view's
-        removed, and parked beside the model unless its blocks stream, so switching back costs no copy and keeps
-        the addresses that view's CUDA graphs read) and its merged patches in the weights (another view's undone
-        first, in place, so the weights are never copied whole); True when anything changed."""
+        removed, and parked beside the model while it is placed and not streaming, so switching back costs no copy
+        and keeps the addresses that view's CUDA graphs read) and its merged patches in the weights (another view's
+        undone first, in place, so the weights are never copied whole); True when anything changed."""
+        # Parked only while the model is placed on its device and not streaming: factors parked on the host (the
+        # model offloaded) could never serve again beside the weights once they are placed.
         changed = install_low_rank(self.model, self.low_rank.updates, self.low_rank.token,
-                                   keep=not streaming.is_streaming(self.model))
+                                   keep=self.is_loaded() and not streaming.is_streaming(self.model))
         state = self._patch_state()
         if state["uuid"] == self.patches_uuid:
             return changed
@@ -185,12 +187,20 @@ def _standalone_live() -> list[StandalonePatcher]:
 def _standalone_load(patchers: list, memory_required: int) -> None:
     """`load_models` without ComfyUI."""
     needed = memory_required + sum(p.model_size() for p in patchers if not p.is_loaded())
-    for other in _standalone_live():
-        if other in patchers or other.model in [p.model for p in patchers] or \
-                free_device_memory() - PLACEMENT_HEADROOM >= needed:
-            continue
-        other.unload()
-        _standalone_loaded.remove(next(ref for ref in _standalone_loaded if ref() is other))
+    others = [o for o in _standalone_live() if o not in patchers and o.model not in [p.model for p in patchers]]
+
+    def short() -> bool:
+        return free_device_memory() - PLACEMENT_HEADROOM < needed
+    # The cheap memory first: what live models keep beside their weights (CUDA graphs, a parked LoRA set) is dropped
+    # before any model is unloaded (reloading the transformer costs seconds, a graph capture a fraction of one).
+    for other in others:
+        if other.on_unload is not None and short():
+            other.on_unload(other.model)
+            empty_cache()
+    for other in others:
+        if short():
+            other.unload()
+            _standalone_loaded.remove(next(ref for ref in _standalone_loaded if ref() is other))
     empty_cache()
     live = _standalone_live()
     for p in patchers:
