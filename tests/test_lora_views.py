@@ -194,8 +194,9 @@ def test_a_new_strength_a_third_view_or_a_moved_weight_capture_again(graphed, tm
     assert len(captured) == 4 and captured[3].token == token[id(weak)]
     weight = base.module.dit.transformer_blocks[0].ff.net[2].weight
     weight.data = weight.data.clone()
+    store.pool = "the old pool"  # every view's graphs are dropped: the next capture makes a fresh pool
     _graph_x0(base)
-    assert len(captured) == 5 and len(store.views) == 1
+    assert len(captured) == 5 and len(store.views) == 1 and store.pool is None
 
 
 def test_the_graphs_of_all_views_stay_within_max_graphs(graphed, tmp_path, monkeypatch):
@@ -314,3 +315,16 @@ def test_an_offloaded_model_parks_nothing(graphed, tmp_path):
     base.ready()
     assert lora_linear.parked_bytes(base.module) > 0, "a placed model parks the set a switch removes"
 
+
+def test_a_store_without_graphs_forgets_its_pool():
+    """When every graph is dropped (the bound reached, or every view pruned) the pool handle goes too, so the next
+    capture starts a fresh pool instead of growing the old one."""
+    store = accelerated_denoise._GraphStore()
+    cache = accelerated_denoise._GraphCache(None, store.views.setdefault("view", {}), store)
+    store.pool = "pool"
+    cache.graphs.update({i: object() for i in range(accelerated_denoise.MAX_GRAPHS - 1)})
+    cache.make_room()
+    assert store.pool == "pool"
+    cache.graphs["last"] = object()
+    cache.make_room()
+    assert store.pool is None and not cache.graphs

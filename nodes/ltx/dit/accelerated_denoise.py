@@ -292,6 +292,12 @@ class _GraphStore:
     views: dict[_Signature, dict[tuple, Any]] = field(default_factory=dict)
     pool: Any = None  # made by the first capture
 
+    def forget_pool(self) -> None:
+        """With no graph left the pool is dropped: the next capture starts a fresh one, and the old one's memory
+        goes back once its last graph is gone."""
+        if not any(self.views.values()):
+            self.pool = None
+
 
 @dataclass
 class _GraphCache:
@@ -306,6 +312,7 @@ class _GraphCache:
         if sum(map(len, self.store.views.values())) >= MAX_GRAPHS:
             for graphs in self.store.views.values():
                 graphs.clear()
+            self.store.forget_pool()
 
 
 def _weights_signature(model: torch.nn.Module) -> _Signature:
@@ -333,6 +340,7 @@ def _graph_cache(model: torch.nn.Module) -> _GraphCache:
     for stale in [s for s in store.views if s != signature and
                   (s.weights != signature.weights or (s.factors and s.token not in live))]:
         store.views.pop(stale).clear()
+    store.forget_pool()
     return _GraphCache(signature, store.views.setdefault(signature, {}), store)
 
 
