@@ -12,30 +12,14 @@ from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoAttnPro
 from guide_helpers import randn, stand_in_model
 from nodes.comfy.reference_video import LTX25ReferenceVideoGuide
 from nodes.comfy.sampling import LTX25DistilledSampler
-from nodes.ltx.conditioning import Conditioning
 from nodes.ltx.dit import accelerated_denoise as A
 from nodes.ltx.dit import guides as G
 from nodes.ltx.dit import reference_attention as R
-from nodes.ltx.dit import sampling
 from nodes.ltx.errors import LTX25Error
 from nodes.ltx.files.lora import ReferenceScales
-from nodes.tools.tiny.common import TINY_DIMS
 
-FPS = 24.0
-VIDEO, AUDIO = (1, 128, 3, 2, 2), (1, 8, 18, 16)  # 17 frames at 24 fps, 64×64 px: 12 clip tokens
-SIGMAS = (1.0, 0.6, 0.0)
-NODE = "LTX25ReferenceVideoGuide"
-
-
-def _cond() -> Conditioning:
-    g = torch.Generator().manual_seed(7)
-    return Conditioning(torch.randn(1, 1024, TINY_DIMS["video_inner"], generator=g),
-                        torch.randn(1, 1024, TINY_DIMS["audio_inner"], generator=g))
-
-
-def run(model, guides, acceleration="eager"):
-    return sampling.sample_distilled(model, _cond(), torch.zeros(VIDEO), torch.zeros(AUDIO), fps=FPS, seed=5, stage=1,
-                                     sampler="euler", sigmas=SIGMAS, acceleration=acceleration, guides=guides)
+# the reference-video tests' clip (17 frames at 24 fps, 64×64 px: 12 clip tokens), conditioning and stage-1 run
+from test_reference_video import AUDIO, FPS, NODE, SIGMAS, VIDEO, _cond, run
 
 
 def ltx_core_matrix(noisy: int, pieces) -> torch.Tensor | None:
