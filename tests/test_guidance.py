@@ -189,6 +189,24 @@ def test_the_graph_path_replays_with_new_inputs_and_shares_a_graph_between_cond_
 
 
 # ---------------------------------------------------------------------------------------------------- refusals
+def test_guided_passes_run_the_plain_blocks_after_a_compiled_stage(transformer, monkeypatch):
+    """Guided sampling offers no compile: after a compiled stage of the same model (a distilled stage with
+    compile_cuda_graph earlier in the process) its passes must run the plain blocks, not the compiled ones left on
+    (a processor installed per forward, as STG's or a reference's attention bias, would make those trace again)."""
+    monkeypatch.setattr(A, "COMPILE_OPTIONS", {**A.COMPILE_OPTIONS, "backend": "eager"})
+    video, audio = _latents()
+    blocks = transformer.dit.transformer_blocks
+    try:
+        A.make_denoiser(transformer, _cond(0), FPS, "compile")(video, audio, SIGMA)
+        assert all(b._compiled_call_impl is not None for b in blocks)
+        guidance = G.Guidance(_cond(0), _cond(1), G.ModalityGuidance(cfg=3.0), G.ModalityGuidance(cfg=3.0))
+        G.make_guided_denoiser(transformer, guidance, FPS, "eager")(video, audio, SIGMA)
+        assert all(b._compiled_call_impl is None for b in blocks), "the guided passes ran the compiled blocks"
+    finally:
+        A._set_compiled(transformer, False)
+        torch._dynamo.reset()
+
+
 def test_cfg_without_a_negative_prompt_is_refused(transformer):
     with pytest.raises(LTX25Error, match="negative") as info:
         G.make_guided_denoiser(transformer, G.Guidance(_cond(0), None, G.ModalityGuidance(cfg=3.0)), FPS)

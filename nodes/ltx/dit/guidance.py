@@ -149,6 +149,8 @@ def make_guided_denoiser(model: torch.nn.Module, guidance: Guidance, fps: float,
         from .transformer import check_denoise_inputs, x0_from_velocity
         for conditioning in filter(None, (guidance.positive, guidance.negative)):
             check_denoise_inputs(model.config, video, audio, conditioning)
+        # No compile here: blocks a compiled stage of this model left compiled run plain (as an eager denoiser does)
+        accelerated_denoise._set_compiled(model, False)
         with torch.inference_mode():
             b, _, f, h, w = video.shape
             tokens = (patchify_video(video).to(device, dtype), patchify_audio(audio).to(device, dtype))
