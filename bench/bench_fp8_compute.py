@@ -31,9 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_transformer as bt  # noqa: E402
 from nodes.ltx.dit import accelerated_denoise as A  # noqa: E402
-from nodes.ltx.dit import transformer as T  # noqa: E402
 from nodes.ltx.kernels.quantized_linear import fp8_compute_  # noqa: E402
-from nodes.tools.tiny.transformer import tiny_config_block  # noqa: E402
 
 FPS = 24.0
 SIGMAS = (1.0, 0.725)
@@ -100,14 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "bench_fp8_compute.json")
                         if os.environ.get("OUT") else None)
     args = parser.parse_args(argv)
-    device = torch.device("cpu" if args.smoke else "cuda")
-    dtype = torch.float32 if args.smoke else torch.bfloat16
-    block = tiny_config_block() if args.smoke else dict(T.SHIPPED_CONFIG)
-    config = T.TransformerConfig.from_metadata("bench", {"config": {"transformer": block}})
-    shapes = bt.SMOKE_SHAPES if args.smoke else bt.REAL_SHAPES
+    device, dtype, config, shapes = bt.stage_setup(args.smoke)
     compiled_mode = "compile" if args.smoke else "compile_cuda_graph"
-    if args.smoke:  # Dynamo only on the CPU: the script's check, not Inductor's
-        A.COMPILE_OPTIONS = {**A.COMPILE_OPTIONS, "backend": "eager"}
     result: dict = {"bench": "fp8_compute", "device": torch.cuda.get_device_name(device) if device.type == "cuda"
                     else "cpu", "torch": torch.__version__, "compiled_mode": compiled_mode, "errors": {}}
     if device.type == "cuda":

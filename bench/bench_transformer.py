@@ -63,6 +63,19 @@ def build(config: T.TransformerConfig, device: torch.device, dtype: torch.dtype)
     return model.eval().requires_grad_(False)
 
 
+def stage_setup(smoke: bool) -> tuple[torch.device, torch.dtype, T.TransformerConfig, dict]:
+    """(device, dtype, config, {stage: (video, audio) shape}) of a per-stage DiT bench: the released config in bf16
+    on CUDA at the two stages' real shapes, or (`smoke`) the tiny config in float32 on the CPU, where compiled modes
+    use Dynamo's eager backend (the script's check, not Inductor's)."""
+    if smoke:
+        from nodes.ltx.dit import accelerated_denoise
+        accelerated_denoise.COMPILE_OPTIONS = {**accelerated_denoise.COMPILE_OPTIONS, "backend": "eager"}
+    block = tiny_config_block() if smoke else dict(T.SHIPPED_CONFIG)
+    config = T.TransformerConfig.from_metadata("bench", {"config": {"transformer": block}})
+    return (torch.device("cpu" if smoke else "cuda"), torch.float32 if smoke else torch.bfloat16, config,
+            SMOKE_SHAPES if smoke else REAL_SHAPES)
+
+
 def random_inputs(config: T.TransformerConfig, shapes: dict, device: torch.device,
                   dtype: torch.dtype) -> tuple[Conditioning, dict]:
     """Seed-1 random text features (1024 tokens a stream) and {stage: (video, audio) latents} of `shapes`."""

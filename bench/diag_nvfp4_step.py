@@ -28,8 +28,6 @@ import bench_transformer as bt  # noqa: E402
 from bench_ab_graph import quantize_blocks  # noqa: E402
 from bench_fp8_compute import FPS, reset_compiled  # noqa: E402
 from nodes.ltx.dit import accelerated_denoise as A  # noqa: E402
-from nodes.ltx.dit import transformer as T  # noqa: E402
-from nodes.tools.tiny.transformer import tiny_config_block  # noqa: E402
 
 GIB = 2**30
 
@@ -56,13 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--card-gib", type=float, default=24.0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    device = torch.device("cpu" if args.smoke else "cuda")
-    dtype = torch.float32 if args.smoke else torch.bfloat16
-    block = tiny_config_block() if args.smoke else dict(T.SHIPPED_CONFIG)
-    config = T.TransformerConfig.from_metadata("bench", {"config": {"transformer": block}})
-    shapes = bt.SMOKE_SHAPES if args.smoke else bt.REAL_SHAPES
-    if args.smoke:
-        A.COMPILE_OPTIONS = {**A.COMPILE_OPTIONS, "backend": "eager"}
+    device, dtype, config, shapes = bt.stage_setup(args.smoke)
     result: dict = {"bench": "diag_nvfp4_step", "device": torch.cuda.get_device_name(device) if device.type == "cuda"
                     else "cpu", "torch": torch.__version__, "steps_s": {}, "top_kernels": {}, "errors": {}}
 
