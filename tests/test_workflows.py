@@ -10,6 +10,7 @@ import os
 
 import av
 import pytest
+import torch
 
 from nodes.comfy import bridge as comfy_bridge
 from nodes.comfy import previews
@@ -83,7 +84,7 @@ def test_workflow_runs_headless_on_the_tiny_set(name, tiny_models, tmp_path):
         assert report["frames"] == 17 and set(report["decoders"]) == {"conv VAE", "diffusion VAE"}
 
 
-M_ARENA_MAX = -8  # glibc's mallopt parameter
+M_ARENA_MAX, M_MMAP_THRESHOLD = -8, -3  # glibc's mallopt parameters
 
 
 def _rss_bytes() -> int:
@@ -95,18 +96,37 @@ def _rss_bytes() -> int:
 def _one_malloc_arena():
     """glibc gives each new thread (the saves' encoders, the previews) a malloc arena of its own, up to 8 per core,
     and keeps their freed pages: resident memory then grows run after run with nothing alive (measured: +12 MiB a run
-    for 10 runs, the tensor and object counts flat). With new threads sharing the existing arenas and freed pages
-    trimmed before each sample, what is left to grow is what runs keep alive."""
+    for 10 runs, the tensor and object counts flat). It also raises its mmap threshold each time a large block is
+    freed, so later large blocks come from the heap and fragment it (measured in CI after the rest of the suite:
+    +23 MiB in one run, the live tensors flat). With new threads sharing the existing arenas, large blocks always
+    mapped and freed pages trimmed before each sample, what is left to grow is what runs keep alive."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(M_ARENA_MAX, 1)
+        libc.mallopt(M_MMAP_THRESHOLD, 128 * 2**10)
     except (OSError, AttributeError):  # not glibc: measure as it is
         yield lambda: None
         return
     try:
         yield lambda: libc.malloc_trim(0)
     finally:
-        libc.mallopt(M_ARENA_MAX, 0)  # no explicit limit (glibc may keep one it derived meanwhile: harmless here)
+        # No explicit arena limit (glibc may keep one it derived meanwhile: harmless here). The mmap threshold stays
+        # fixed at its default value: only its growth is turned off.
+        libc.mallopt(M_ARENA_MAX, 0)
+
+
+def _live_tensor_storages() -> tuple[int, int]:
+    """(count, bytes) of the distinct storages behind the tensors Python holds: exact, unlike resident memory."""
+    storages = {}
+    for obj in gc.get_objects():
+        # type(), not isinstance: a deprecated alias of torch.distributed warns when its `__class__` is read
+        if issubclass(type(obj), torch.Tensor) and obj.layout == torch.strided and obj.device.type != "meta":
+            try:
+                storage = obj.untyped_storage()
+                storages[(obj.device.type, storage.data_ptr())] = storage.nbytes()
+            except RuntimeError:  # a fake tensor of an earlier test's compile: it holds no memory
+                continue
+    return len(storages), sum(storages.values())
 
 
 def _open_fds() -> int:
@@ -115,12 +135,13 @@ def _open_fds() -> int:
 
 def test_repeated_ab_runs_do_not_grow_process_memory_fds_or_files(tiny_models, tmp_path):
     """Five A/B runs in one process, each as the headless runner makes it (previews removed afterwards): after the
-    second, resident memory (new threads sharing one malloc arena, freed pages trimmed) may not grow by more than
-    32 MiB (encoders freed, caches bounded, no tensors kept alive by graphs) and the open file descriptors not at
-    all (a video, preview or model file left open); the preview folder stays empty (it held 1,360 files after 40
-    runs) and each run adds its three videos and nothing else (no partial file)."""
+    second, the tensors alive do not change at all (encoders freed, caches bounded, nothing kept alive by graphs),
+    resident memory (the allocator's own growth turned off) may not grow by more than 32 MiB (what is not a tensor:
+    frames in numpy, codec buffers) and the open file descriptors not at all (a video, preview or model file left
+    open); the preview folder stays empty (it held 1,360 files after 40 runs) and each run adds its three videos
+    and nothing else (no partial file)."""
     comfy_bridge.set_output_dir(str(tmp_path))
-    samples, fds, previews_left, files = [], [], [], []
+    samples, tensors, fds, previews_left, files = [], [], [], [], []
     with _one_malloc_arena() as trim:
         for _ in range(5):
             with previews.removed_afterwards():
@@ -128,10 +149,12 @@ def test_repeated_ab_runs_do_not_grow_process_memory_fds_or_files(tiny_models, t
             gc.collect()
             trim()
             samples.append(_rss_bytes())
+            tensors.append(_live_tensor_storages())
             fds.append(_open_fds())
             temp = comfy_bridge.temp_dir()
             previews_left.append(len(os.listdir(temp)) if os.path.isdir(temp) else 0)
             files.append(sorted(p.suffix for p in tmp_path.iterdir() if p.is_file()))
+    assert tensors[2:] == [tensors[1]] * 3, f"(storages, bytes) alive after each run: {tensors}"
     growth = samples[-1] - samples[1]
     assert growth < 32 * 2**20, f"RSS after each run (MiB): {[s // 2**20 for s in samples]}"
     assert fds[2:] == [fds[1]] * 3 and previews_left == [0] * 5, (fds, previews_left)  # run 1 opens lazily
