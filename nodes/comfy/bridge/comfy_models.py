@@ -237,16 +237,21 @@ def _comfy_spare(patcher) -> int:
     """`spare_device_memory` in ComfyUI: `load_models_gpu` evicts until the free memory covers the weights still to
     load × 1.1 plus the larger of its inference minimum and the request, each with the `--reserve-vram` reserve;
     `_comfy_load` adds the on-the-fly LoRA factors to the request. With `--disable-smart-memory` every load evicts
-    every other model: nothing is spare."""
+    every other model: nothing is spare. On the CPU (`--cpu`) it frees nothing and the weights already rest where they
+    compute: all the free memory is spare."""
+    device = torch.device(patcher.load_device)
+    factors = low_rank_of(patcher).nbytes()
+    if device == torch.device("cpu"):  # load_models_gpu's own test: it calls free_memory for every other device
+        return max(int(_mm.get_free_memory(device)) - factors, 0)
     if getattr(_mm, "DISABLE_SMART_MEMORY", False):
         return 0
     to_load = max(patcher.model_size() - patcher.loaded_size(), 0)
     # ComfyUI's free memory counts CUDA graphs' idle pool memory as free too; a decode beside their model cannot use it
-    free = _mm.get_free_memory(patcher.load_device) - graph_pool_idle_bytes(torch.device(patcher.load_device))
+    free = _mm.get_free_memory(device) - graph_pool_idle_bytes(device)
     room = free - 1.1 * to_load - _mm.extra_reserved_memory()
     if room < _mm.minimum_inference_memory() - _mm.extra_reserved_memory():
         return 0
-    return max(int(room) - low_rank_of(patcher).nbytes(), 0)
+    return max(int(room) - factors, 0)
 
 
 def _install_low_rank_comfy(patcher) -> None:
