@@ -139,6 +139,55 @@ def test_a_model_whose_blocks_stream_drops_the_graphs_captured_while_it_was_resi
     assert "_ltx25_graphs" not in vars(model)
 
 
+@pytest.mark.parametrize("guided", [False, True], ids=["plain", "guided"])
+def test_a_graph_denoiser_runs_eagerly_once_the_blocks_start_streaming_mid_run(deep_transformer, monkeypatch, guided):
+    """In ComfyUI the bridge loads the model again between steps when a preview's model evicted part of it, and the
+    reload may stream blocks: the same denoiser's next calls must neither capture nor replay a graph (the streamer's
+    copies cannot be captured and a graph would bake one slot's weights), and give the eager x0. Fails if the check
+    is made only when the denoiser is made."""
+    import copy
+    from nodes.comfy import bridge
+    from nodes.ltx import streaming
+    from nodes.ltx.dit import guidance as G
+    model = copy.deepcopy(deep_transformer)
+    graph_calls = []
+
+    def record(forward, cache, device):
+        graph_calls.append(streaming.is_streaming(model))
+
+        def replay():
+            graph_calls.append(streaming.is_streaming(model))
+            return forward()
+        return replay
+    monkeypatch.setattr(A, "_record", record)
+    monkeypatch.setattr(A, "resolve_mode", lambda mode, device: "cuda_graph")  # no CUDA here
+    cond = conditioning()
+    if guided:
+        guidance = G.Guidance(cond, conditioning(1), G.ModalityGuidance(cfg=3.0), G.ModalityGuidance())
+        make = lambda m: G.make_guided_denoiser(m, guidance, 24.0, "cuda_graph")  # noqa: E731
+    else:
+        make = lambda m: A.make_denoiser(m, cond, 24.0, "cuda_graph")  # noqa: E731
+    handle = Loaded(model, bridge.make_patcher(model), None)
+    video, audio = latents()
+    denoise = make(handle.ready())
+    denoise(video, audio, 0.5)
+    assert graph_calls and not any(graph_calls), "the resident model took the graph path"
+    bridge.unload_model(handle.patcher)
+    bridge.set_vram_budget_gb((bridge.module_bytes(model) - 1) / 2**30)
+    try:
+        handle.ready()
+        assert streaming.is_streaming(model)
+        graph_calls.clear()
+        got = denoise(video, audio, 0.4)
+        monkeypatch.setattr(A, "resolve_mode", lambda mode, device: "eager")
+        want = make(model)(video, audio, 0.4)
+    finally:
+        bridge.set_vram_budget_gb(None)
+        bridge.unload_model(handle.patcher)
+    assert graph_calls == [], f"graph captures/replays while the blocks stream: {graph_calls}"
+    assert all(torch.equal(a, b) for a, b in zip(got, want)), max_diff(got, want)
+
+
 # ---------------------------------------------------------------------------------------------------- compile
 def test_compile_mode_compiles_once_per_model_and_eager_stays_eager(transformer_path, monkeypatch, tmp_path):
     """'compile' runs `compile_repeated_blocks(**COMPILE_OPTIONS)` once per model, after the compile caches point at

@@ -147,20 +147,27 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
                "or mask biases the attention; the compiled blocks do not take it)")
         resolved = fallback
     spec = MODES[resolved]
+    # Imported on use, like sampling.py: tests stand a fake in for `nodes.ltx.dit.transformer`.
+    from .transformer import denoise as eager_denoise
+    extra = {} if guided is None else {"guided": guided}
     if spec.graph:
-        denoise = _graph_denoiser(model, cond, fps, spec, guided, notify)
+        accelerated = _graph_denoiser(model, cond, fps, spec, guided, notify)
     else:
-        # Imported on use, like sampling.py: tests stand a fake in for `nodes.ltx.dit.transformer`.
-        from .transformer import denoise as eager_denoise
-        extra = {} if guided is None else {"guided": guided}
-
-        def denoise(video: torch.Tensor, audio: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+        def accelerated(video: torch.Tensor, audio: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
             if not spec.compile or _compiled_before(model):
                 _set_compiled(model, spec.compile)
                 return eager_denoise(model, video, audio, sigma, cond, fps, **extra)
             with _announced(notify, _compile_message(video.shape, guided is not None and guided.flat)):
                 _set_compiled(model, True)
                 return eager_denoise(model, video, audio, sigma, cond, fps, **extra)
+
+    def denoise(video: torch.Tensor, audio: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+        # Checked every call: model management may move blocks out mid-run (ComfyUI loads the model again after a
+        # preview's model evicted part of it), and streamed blocks must not be captured or traced.
+        if resolved != "eager" and streamed(model):
+            _set_compiled(model, False)
+            return eager_denoise(model, video, audio, sigma, cond, fps, **extra)
+        return accelerated(video, audio, sigma)
 
     if spec.attention is None:
         return denoise

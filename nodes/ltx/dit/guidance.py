@@ -168,7 +168,8 @@ def make_guided_denoiser(model: torch.nn.Module, guidance: Guidance, fps: float,
                     guided.check_latents(video, audio)
                     steps, grid = guided.timesteps(sigma, rows), Grid(*(_repeat(t, len(group)) for t in guided.grid))
                 inputs = tuple(t.repeat(len(group), 1, 1) if len(group) > 1 else t for t in tokens)
-                forward = _graph_forward if graphed else _eager_forward
+                # Streaming may start mid-run (model management moving blocks out): streamed blocks run eagerly
+                forward = _graph_forward if graphed and not accelerated_denoise.streamed(model) else _eager_forward
                 v, a = forward(model, samples, inputs, steps, context, grid, (f, h, w, fps), attention)
                 for p, v_i, a_i in zip(group, v.chunk(len(group)), a.chunk(len(group))):
                     x0[p.name] = x0_from_velocity(video, audio, v_i, a_i, sigma, device, guided)
