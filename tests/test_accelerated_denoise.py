@@ -247,6 +247,43 @@ def test_compile_mode_compiles_once_per_model_and_eager_stays_eager(transformer_
         torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("mode", ["compile", "compile_cuda_graph"])
+def test_a_compile_that_fails_names_the_acceleration_and_leaves_the_blocks_plain(transformer_path, monkeypatch, mode):
+    """Without a working Triton or C compiler Inductor fails inside the first step: the user gets an error naming
+    `acceleration` and the mode with what to choose instead, the blocks run plain again (an eager denoiser works
+    after it) and a retry announces a compile again (not 'capturing', as if the compile had succeeded). Fails if
+    the compiled state is recorded before the compile is known to work."""
+    monkeypatch.setattr(A, "resolve_mode", lambda m, device: m)  # graph modes on the CPU: "replay" runs the forward
+
+    def record(forward, cache, device):
+        forward()  # the warm-up, where the first compile happens
+        return forward
+    monkeypatch.setattr(A, "_record", record)
+    transformer = T.load_transformer(transformer_path, torch.float32)
+
+    def no_compiler(graph_module, _example_inputs):
+        raise RuntimeError("Cannot find a working triton installation")
+    original = transformer.dit.compile_repeated_blocks
+    monkeypatch.setattr(transformer.dit, "compile_repeated_blocks",
+                        lambda **options: original(**options, backend=no_compiler))
+    video, audio = latents()
+    heard = []
+    try:
+        for _ in range(2):
+            with pytest.raises(LTX25Error) as error:
+                A.make_denoiser(transformer, conditioning(), 24.0, mode, notify=heard.append)(video, audio, 0.5)
+            assert error.value.where == "acceleration" and repr(mode) in str(error.value), str(error.value)
+            assert "working triton" in str(error.value) and "'cuda_graph'" in str(error.value), str(error.value)
+        assert [line.split(" (")[0] for line in heard] == ["LTX-2.5 sampler: compiling the transformer blocks for "
+                                                           f"{A.describe_shape(VIDEO)}"] * 2, heard
+        assert all(b._compiled_call_impl is None for b in transformer.dit.transformer_blocks)
+        got = A.make_denoiser(transformer, conditioning(), 24.0, "eager")(video, audio, 0.5)
+        want = T.denoise(transformer, video, audio, 0.5, conditioning(), 24.0)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), max_diff(got, want)
+    finally:
+        torch._dynamo.reset()
+
+
 # ---------------------------------------------------------------------------------------------------- the node
 def test_sampler_node_takes_acceleration_last_with_auto_default(transformer_path):
     """`acceleration` is the last required input with default 'auto' (older graphs keep working); on the CPU 'auto'

@@ -157,7 +157,7 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
             if not spec.compile or _compiled_before(model):
                 _set_compiled(model, spec.compile)
                 return eager_denoise(model, video, audio, sigma, cond, fps, **extra)
-            with _announced(notify, _compile_message(video.shape, guided is not None and guided.flat)):
+            with _compiling(model, resolved, notify, _compile_message(video.shape, guided is not None and guided.flat)):
                 _set_compiled(model, True)
                 return eager_denoise(model, video, audio, sigma, cond, fps, **extra)
 
@@ -181,6 +181,10 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
         with sdpa_kernel(kernels, set_priority=True):
             return denoise(video, audio, sigma)
     return with_backend
+
+
+def _name(spec: Mode) -> str:
+    return next(name for name, mode in MODES.items() if mode == spec)
 
 
 def streamed(model: torch.nn.Module) -> bool:
@@ -272,6 +276,24 @@ def _announced(notify: Notify, lines: tuple[str, str]) -> Iterator[None]:
     start = time.perf_counter()
     yield
     notify(f"{lines[1]} in {time.perf_counter() - start:.1f} s")
+
+
+@contextlib.contextmanager
+def _compiling(model: torch.nn.Module, mode: str, notify: Notify, lines: tuple[str, str]) -> Iterator[None]:
+    """`_announced` for work that compiles the blocks. A compile that fails (no working Triton or C compiler, as on
+    many Windows installs) leaves the blocks plain and forgotten, so a retry announces a compile again, and names the
+    acceleration as the cause rather than surfacing Inductor's traceback alone."""
+    try:
+        with _announced(notify, lines):
+            yield
+    except torch._dynamo.exc.TorchDynamoException as error:
+        _set_compiled(model, False)
+        vars(model).pop("_ltx25_compiled", None)
+        inner = getattr(error, "inner_exception", None) or error  # Dynamo wraps the backend's own error
+        cause = f"{type(inner).__name__}: {str(inner).strip().splitlines()[0] if str(inner).strip() else ''}"
+        raise LTX25Error("acceleration", "the mode", repr(mode), "a torch.compile that works on this install",
+                         f"Compiling the transformer blocks failed ({cause}). Choose 'cuda_graph' (CUDA graphs "
+                         "without compiling) or 'eager'; the compiled modes need Triton and a C compiler.") from error
 
 
 # ---------------------------------------------------------------------------------------------------- CUDA graphs
@@ -432,8 +454,9 @@ def _graph_denoiser(model: torch.nn.Module, cond, fps: float, spec: Mode,
                     cache.graphs[key] = _capture(model, video, audio, cond, fps, cache, steps, grid, attention)
                 else:
                     first = not _compiled_before(model)
-                    message = _compile_message if first else _capture_message
-                    with _announced(notify, message(video.shape, guided is not None and guided.flat)):
+                    lines = (_compile_message if first else _capture_message)(video.shape,
+                                                                              guided is not None and guided.flat)
+                    with _compiling(model, _name(spec), notify, lines):
                         _set_compiled(model, True)
                         cache.graphs[key] = _capture(model, video, audio, cond, fps, cache, steps, grid, attention)
             graph = cache.graphs[key]
