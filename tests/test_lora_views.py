@@ -250,7 +250,8 @@ def test_comfyui_loads_ask_for_the_kept_graphs_idle_pool_and_release_graphs_of_r
     `_comfy_load` asks model management for it on top of the work's memory (or it evicts too little); the run's
     request remembered for a reload stays the caller's. A model whose weights carry another view's merged patches
     (ComfyUI unpatches them in this load, new tensors) has its graphs released before the load, not one whose
-    weights carry this view's or none."""
+    weights carry this view's or none; a model that model management partly unloaded since it was settled has its
+    graphs dropped, not one left in place."""
     import types
     import uuid
     from nodes.comfy.bridge import comfy_models
@@ -276,6 +277,15 @@ def test_comfyui_loads_ask_for_the_kept_graphs_idle_pool_and_release_graphs_of_r
     module.current_weight_patches_uuid = uuid.uuid4()
     comfy_models._comfy_load([patcher], 5 * gib)
     assert released == [module] and emptied
+    # Settled, then another model's load partially unloads it: its graphs read addresses the weights have left.
+    module.current_weight_patches_uuid, module.model_loaded_weight_memory, emptied[:] = mine, 6 * gib, []
+    vars(module)["_ltx25_settled"] = (comfy_models._placement_token(patcher), None)
+    vars(module)["_ltx25_graphs"] = object()
+    comfy_models._comfy_load([patcher], 5 * gib)
+    assert "_ltx25_graphs" in vars(module) and not emptied, "graphs of weights left in place must be kept"
+    module.model_loaded_weight_memory = 4 * gib
+    comfy_models._comfy_load([patcher], 5 * gib)
+    assert "_ltx25_graphs" not in vars(module) and emptied and released == [module], "graphs of moved weights kept"
 
 
 def test_a_load_needing_room_drops_what_live_models_keep_before_unloading_them(monkeypatch):

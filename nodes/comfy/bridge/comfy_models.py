@@ -11,6 +11,7 @@ import torch
 
 from ...ltx import streaming
 from ...ltx.device_memory import graph_pool_idle_bytes
+from ...ltx.dit.accelerated_denoise import drop_graphs
 from ...ltx.files.mapped_pages import FileMappings
 from ...ltx.kernels.lora_linear import install as install_low_rank
 from .comfyui import _mm, _patcher
@@ -192,23 +193,28 @@ def _comfy_streams(patcher, memory_required: int) -> bool:
 _in_use: tuple[list[weakref.ref], int] = ([], 0)
 
 
-def _release_repatched(patchers: list) -> None:
-    """Run the release hook of each model whose weights carry another view's merged patches: ComfyUI unpatches them
-    (new tensors) in this load anyway, so its graphs could never replay, and their pool memory must not count as
-    free while it plans."""
+def _release_unreplayable(patchers: list) -> None:
+    """Before a load plans, drop what could never replay, so its pool memory does not count as taken: run the release
+    hook of each model whose weights carry another view's merged patches (ComfyUI unpatches them, new tensors, in
+    this load), and drop the graphs of each model that model management moved since it was settled (a partial
+    unload by another model's load: ComfyUI has no callback for it)."""
     released = False
     for p in patchers:
-        release = vars(_engine_module(p)).get("_ltx25_release")
+        engine = _engine_module(p)
+        release = vars(engine).get("_ltx25_release")
         if release is not None and getattr(p.model, "current_weight_patches_uuid", None) not in (None, p.patches_uuid):
-            release(_engine_module(p))
+            release(engine)
             released = True
+        settled = vars(engine).get("_ltx25_settled")
+        if settled is not None and settled[0] != _placement_token(p):
+            released |= drop_graphs(engine)
     if released:
         _mm.soft_empty_cache()  # the graphs' pool back to the driver before ComfyUI reads the free memory
 
 
 def _comfy_load(patchers: list, memory_required: int) -> None:
     global _in_use
-    _release_repatched(patchers)
+    _release_unreplayable(patchers)
     # CUDA graphs kept across loads hold idle memory in their private pools, which ComfyUI's free memory counts as
     # free: asked for on top, so model management evicts for the work as if that memory were taken.
     asked = memory_required + max((graph_pool_idle_bytes(torch.device(p.load_device)) for p in patchers), default=0)

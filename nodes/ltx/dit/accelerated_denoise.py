@@ -192,15 +192,22 @@ def streamed(model: torch.nn.Module) -> bool:
     while it streams) are dropped: their pool would hold memory beside the streamed weights."""
     if not is_streaming(model):
         return False
-    vars(model).pop("_ltx25_graphs", None)
+    drop_graphs(model)
     return True
+
+
+def drop_graphs(model: torch.nn.Module) -> bool:
+    """Drop the model's CUDA graphs (any module: a no-op without them) → whether there were any. For a model whose
+    weights model management moved: graphs read fixed addresses, so they could never replay, and their pool's idle
+    memory would count as taken while the next load plans."""
+    return vars(model).pop("_ltx25_graphs", None) is not None
 
 
 def release(model: torch.nn.Module) -> None:
     """Drop the model's CUDA graphs and their memory pool now (they otherwise live as long as the model), the LoRA
     set parked beside it (kernels/lora_linear.py), and the per-shape positions and device copy of the last
     conditioning that `transformer.denoise` caches: the model is leaving the device, or its memory is needed."""
-    vars(model).pop("_ltx25_graphs", None)
+    drop_graphs(model)
     drop_parked(model)
     model.release_caches()
 
