@@ -160,7 +160,7 @@ def test_a_graph_denoiser_runs_eagerly_once_the_blocks_start_streaming_mid_run(d
             return forward()
         return replay
     monkeypatch.setattr(A, "_record", record)
-    monkeypatch.setattr(A, "resolve_mode", lambda mode, device: "cuda_graph")  # no CUDA here
+    monkeypatch.setattr(A, "resolve_mode", lambda mode, device, where="": "cuda_graph")  # no CUDA here
     cond = conditioning()
     if guided:
         guidance = G.Guidance(cond, conditioning(1), G.ModalityGuidance(cfg=3.0), G.ModalityGuidance())
@@ -179,7 +179,7 @@ def test_a_graph_denoiser_runs_eagerly_once_the_blocks_start_streaming_mid_run(d
         assert streaming.is_streaming(model)
         graph_calls.clear()
         got = denoise(video, audio, 0.4)
-        monkeypatch.setattr(A, "resolve_mode", lambda mode, device: "eager")
+        monkeypatch.setattr(A, "resolve_mode", lambda mode, device, where="": "eager")
         want = make(model)(video, audio, 0.4)
     finally:
         bridge.set_vram_budget_gb(None)
@@ -253,7 +253,7 @@ def test_a_compile_that_fails_names_the_acceleration_and_leaves_the_blocks_plain
     `acceleration` and the mode with what to choose instead, the blocks run plain again (an eager denoiser works
     after it) and a retry announces a compile again (not 'capturing', as if the compile had succeeded). Fails if
     the compiled state is recorded before the compile is known to work."""
-    monkeypatch.setattr(A, "resolve_mode", lambda m, device: m)  # graph modes on the CPU: "replay" runs the forward
+    monkeypatch.setattr(A, "resolve_mode", lambda m, device, where="": m)  # graph modes on the CPU: replay = forward
 
     def record(forward, cache, device):
         forward()  # the warm-up, where the first compile happens
@@ -287,7 +287,7 @@ def test_a_compile_that_fails_names_the_acceleration_and_leaves_the_blocks_plain
 # ---------------------------------------------------------------------------------------------------- the node
 def test_sampler_node_takes_acceleration_last_with_auto_default(transformer_path):
     """`acceleration` is the last required input with default 'auto' (older graphs keep working); on the CPU 'auto'
-    and 'eager' give the same latents and 'cuda_graph' is refused before any step."""
+    and 'eager' give the same latents and 'cuda_graph' is refused by the node's field before the model loads."""
     required = LTX25DistilledSampler.INPUT_TYPES()["required"]
     assert list(required)[-1] == "acceleration"
     assert required["acceleration"][0] == list(A.ACCELERATIONS) and required["acceleration"][1]["default"] == "auto"
@@ -300,8 +300,12 @@ def test_sampler_node_takes_acceleration_last_with_auto_default(transformer_path
                                               acceleration=acceleration)
     (v1, a1), (v2, a2) = run("auto"), run("eager")
     assert torch.equal(v1["samples"], v2["samples"]) and torch.equal(a1["samples"], a2["samples"])
-    with pytest.raises(LTX25Error, match="CUDA"):
+    from nodes.comfy import bridge
+    bridge.unload_model(handle.patcher)
+    with pytest.raises(LTX25Error, match="CUDA") as error:
         run("cuda_graph")
+    assert error.value.where == "LTX25DistilledSampler.acceleration", error.value.where
+    assert not handle.patcher.is_loaded(), "refused after loading the transformer"
 
 
 def test_the_node_text_names_a_clip_by_pixels_and_a_token_row_by_its_tokens():

@@ -98,7 +98,7 @@ def fake_compiled_graphs(clean_env, tmp_path):
     compile that only records when it ran (the test is about what is said, and when)."""
     clean_env.setenv(cc.ENV, str(tmp_path / "cache"))
     clean_env.setitem(A.MODES, "compile_cuda_graph", A.Mode(graph=True, compile=True, attention=None))
-    clean_env.setattr(A, "resolve_mode", lambda mode, device: "compile_cuda_graph")
+    clean_env.setattr(A, "resolve_mode", lambda mode, device, where="": "compile_cuda_graph")
     events: list = []
 
     def record(forward, cache, device):

@@ -183,3 +183,17 @@ def test_guided_sampler_refuses_a_prompt_count_that_fits_no_batch(handle):
     with pytest.raises(LTX25Error, match="number of prompts"):
         LTX25GuidedSampler().sample(handle, guider, video, audio, 0, 2, "euler", "4096 tokens", "1", "sequential",
                                     "auto")
+
+
+@pytest.mark.parametrize("acceleration", ["cuda_graph", "compile_cuda_graph"])
+def test_guided_sampler_refuses_an_acceleration_it_cannot_run_by_its_field_before_loading(handle, acceleration):
+    """On the CPU no graph mode runs, and guided sampling offers no compile: refused naming the node's input
+    before the transformer is placed."""
+    from nodes.comfy import bridge
+    bridge.unload_model(handle.patcher)
+    video, audio = LTX25EmptyLatent().make(128, 128, 9, 24.0, 1, True)
+    with pytest.raises(LTX25Error) as error:
+        LTX25GuidedSampler().sample(handle, _guider(), video, audio, 0, 2, "euler", "4096 tokens", "1", "sequential",
+                                    acceleration)
+    assert error.value.where == "LTX25GuidedSampler.acceleration", str(error.value)
+    assert not handle.patcher.is_loaded(), "refused after placing the transformer"

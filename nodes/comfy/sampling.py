@@ -6,6 +6,7 @@ from . import bridge
 from ..ltx import latents
 from ..ltx.dit import guides as ltx_guides, sampling
 from ..ltx import upsampler as ltx_upsampler
+from ..ltx.dit import accelerated_denoise
 from ..ltx.dit.accelerated_denoise import ACCELERATIONS
 from ..ltx.errors import LTX25Error
 from ..ltx.memory_fit import tensor_bytes
@@ -169,6 +170,7 @@ class LTX25DistilledSampler:
                acceleration="auto", frame_rate=DEFAULT_FRAME_RATE, noise_layout="comfy", guides=None):
         sampling.check_cfg(cfg, model.info.name, "LTX25DistilledSampler.cfg")
         sampling.check_noise_layout(noise_layout, "LTX25DistilledSampler.noise_layout")
+        accelerated_denoise.resolve_mode(acceleration, bridge.compute_device(), "LTX25DistilledSampler.acceleration")
         fps, video, audio, held, dit_shape = stage_latents(video_latent, audio_latent, frame_rate, guides,
                                                            "LTX25DistilledSampler")
         _check_prompt_count(conditioning, video.shape[0])

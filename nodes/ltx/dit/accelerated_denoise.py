@@ -107,14 +107,15 @@ class CaptureCounts:
 COUNTS = CaptureCounts()
 
 
-def resolve_mode(mode: str, device: torch.device) -> str:
-    """'auto' → 'cuda_graph' on a CUDA device, 'eager' elsewhere; an explicit graph mode off CUDA is refused."""
+def resolve_mode(mode: str, device: torch.device, where: str = "acceleration") -> str:
+    """'auto' → 'cuda_graph' on a CUDA device, 'eager' elsewhere; an explicit graph mode off CUDA is refused
+    (`where`: the node input named in the error; nodes call it before loading anything)."""
     if mode == "auto":
         return "cuda_graph" if device.type == "cuda" else "eager"
     if mode not in MODES:
-        raise LTX25Error("acceleration", "the mode", repr(mode), " / ".join(("auto", *MODES)))
+        raise LTX25Error(where, "the mode", repr(mode), " / ".join(("auto", *MODES)))
     if MODES[mode].graph and device.type != "cuda":
-        raise LTX25Error("acceleration", "the mode", f"'{mode}' with the model on the {device.type}",
+        raise LTX25Error(where, "the mode", f"'{mode}' with the model on the {device.type}",
                          "a CUDA device for it",
                          "CUDA graphs need a CUDA GPU. Choose 'auto' (eager off CUDA) or 'eager'.")
     return mode

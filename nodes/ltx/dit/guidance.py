@@ -121,15 +121,22 @@ def parse_blocks(text: str, where: str) -> tuple[int, ...] | None:
 
 
 # ---------------------------------------------------------------------------------------------------- the denoiser
+def check_acceleration(mode: str, device: torch.device, where: str = "acceleration") -> None:
+    """A guided stage's `mode` is one of `ACCELERATIONS` and possible on `device` (see
+    `accelerated_denoise.resolve_mode`); `where`: the node input named in the error."""
+    if mode not in ACCELERATIONS:
+        raise LTX25Error(where, "the mode", repr(mode), " / ".join(ACCELERATIONS),
+                         "torch.compile is not offered for guided sampling.")
+    accelerated_denoise.resolve_mode(mode, device, where)
+
+
 def make_guided_denoiser(model: torch.nn.Module, guidance: Guidance, fps: float, mode: str = "auto",
                          batching: str = "sequential", guided: GuidedStage | None = None) -> DenoiseFn:
     """`(video [B,128,F',H',W'], audio [B,8,T,16], σ) → (guided x0 video, guided x0 audio)` float32 on the inputs'
     devices. `batching`: 'sequential' runs the passes one forward each (the reference's default, max batch 1);
     'batched' runs them as one forward of passes × B rows. `mode`: 'auto', 'eager' or 'cuda_graph'. `guided`: the
     stage's guides (every pass gets their timesteps and positions; the sampler holds the tokens after combining)."""
-    if mode not in ACCELERATIONS:
-        raise LTX25Error("acceleration", "the mode", repr(mode), " / ".join(ACCELERATIONS),
-                         "torch.compile is not offered for guided sampling.")
+    check_acceleration(mode, next(model.parameters()).device)
     if batching not in PASS_BATCHING:
         raise LTX25Error("pass_batching", "the choice", repr(batching), " / ".join(PASS_BATCHING))
     passes = guidance.passes()
