@@ -197,3 +197,25 @@ def test_guided_sampler_refuses_an_acceleration_it_cannot_run_by_its_field_befor
                                     acceleration)
     assert error.value.where == "LTX25GuidedSampler.acceleration", str(error.value)
     assert not handle.patcher.is_loaded(), "refused after placing the transformer"
+
+
+@pytest.mark.parametrize("node", ["LTX25DistilledSampler", "LTX25GuidedSampler"])
+def test_stage_2_refuses_the_half_size_latent_latent_upsample_did_not_double(handle, node):
+    """Empty Latent's two_stage latent wired past Latent Upsample into stage 2 would refine a half-size clip: refused
+    by the node's input before the transformer is placed. Stage 1 takes it; stage 2 takes a full-size one."""
+    from nodes.comfy import bridge
+    bridge.unload_model(handle.patcher)
+    (video, audio), (full, _) = _latents(), LTX25EmptyLatent().make(128, 128, 9, 24.0, 1, False)
+
+    def sample(latent, stage):
+        if node == "LTX25DistilledSampler":
+            return LTX25DistilledSampler().sample(handle, _conditioning(1), latent, audio, 0, stage, "euler",
+                                                  sigmas="0.4, 0.0")
+        return LTX25GuidedSampler().sample(handle, _guider(), latent, audio, 0, 1, "euler", "4096 tokens", stage,
+                                           "sequential", "auto", sigmas="0.4, 0.0")
+    with pytest.raises(LTX25Error) as error:
+        sample(video, "2")
+    assert error.value.where == f"{node}.video_latent" and "Latent Upsample" in str(error.value), str(error.value)
+    assert not handle.patcher.is_loaded(), "refused after placing the transformer"
+    sample(video, "1")
+    sample(full, "2")

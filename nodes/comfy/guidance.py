@@ -111,7 +111,8 @@ class LTX25GuidedSampler:
         where = "LTX25GuidedSampler"
         sampling.check_noise_layout(noise_layout, f"{where}.noise_layout")
         ltx_guidance.check_acceleration(acceleration, bridge.compute_device(), f"{where}.acceleration")
-        fps, video, audio, held, dit_shape = stage_latents(video_latent, audio_latent, frame_rate, guides, where)
+        fps, video, audio, held, dit_shape = stage_latents(video_latent, audio_latent, frame_rate, guides, where,
+                                                           int(stage))
         _check_prompts(guider, video.shape[0], f"{where}.guider")
         tokens = dev_sampling.latent_tokens(video.shape) if schedule_shift == SHIFTS[1] else dev_sampling.MAX_TOKENS
         schedule = sampling.parse_sigmas(sigmas or "", f"{where}.sigmas") or (

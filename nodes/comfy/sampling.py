@@ -52,10 +52,12 @@ GUIDES_INPUT = ("LTX25_GUIDES", {"tooltip": "Optional: images, keyframes, audio 
                                  "from the output."})
 
 
-def stage_latents(video_latent, audio_latent, frame_rate: float, guides, where: str):
-    """A sampler's latent inputs, read and checked against each other and against `guides` (LTX25_GUIDES or None)
-    before the model loads → (fps: the latent's, else `frame_rate`; the video and audio latents; the resolved guides
-    or None; the video shape the DiT sees: with the appended guide frames)."""
+def stage_latents(video_latent, audio_latent, frame_rate: float, guides, where: str, stage: int):
+    """A sampler's latent inputs for `stage`, read and checked against each other and against `guides`
+    (LTX25_GUIDES or None) before the model loads → (fps: the latent's, else `frame_rate`; the video and audio
+    latents; the resolved guides or None; the video shape the DiT sees: with the appended guide frames)."""
+    if stage == 2:
+        latents.check_stage2_wanted(video_latent, f"{where}.video_latent")
     fps = latents.frame_rate(video_latent, f"{where}.video_latent", default=frame_rate)
     video = latents.unbind_av(video_latent["samples"], latents.VIDEO_STREAM, f"{where}.video_latent")
     audio = latents.unbind_av(audio_latent["samples"], latents.AUDIO_STREAM, f"{where}.audio_latent")
@@ -172,7 +174,7 @@ class LTX25DistilledSampler:
         sampling.check_noise_layout(noise_layout, "LTX25DistilledSampler.noise_layout")
         accelerated_denoise.resolve_mode(acceleration, bridge.compute_device(), "LTX25DistilledSampler.acceleration")
         fps, video, audio, held, dit_shape = stage_latents(video_latent, audio_latent, frame_rate, guides,
-                                                           "LTX25DistilledSampler")
+                                                           "LTX25DistilledSampler", int(stage))
         _check_prompt_count(conditioning, video.shape[0])
         schedule = sampling.parse_sigmas(sigmas or "", "LTX25DistilledSampler.sigmas") or \
             sampling.default_sigmas(int(stage))

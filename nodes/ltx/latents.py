@@ -133,6 +133,15 @@ def check_upsample_wanted(latent: Mapping, where: str) -> None:
                          "(Ctrl+B) to sample one stage at width×height.")
 
 
+def check_stage2_wanted(latent: Mapping, where: str) -> None:
+    """Refuse to run stage 2 on the half-size latent Latent Upsample did not double: it would refine a clip at half
+    the width×height the graph asks for. Latents from elsewhere carry no mark and are not checked."""
+    if latent.get(HALF_SIZE_KEY) is True:
+        raise LTX25Error(where, "the video latent", "the half-size stage-1 latent of a two_stage Empty Latent",
+                         "the latent at the final width×height, from LTX-2.5 Latent Upsample",
+                         "Connect stage 1's video latent through LTX-2.5 Latent Upsample to this stage.")
+
+
 def check_video_latent(samples: object, where: str) -> torch.Tensor:
     """A normalized LTX-2.5 video latent `[B, 128, F', H', W']`, or an error naming `where` (a node input)."""
     if not isinstance(samples, torch.Tensor):
