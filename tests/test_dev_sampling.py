@@ -219,3 +219,17 @@ def test_stage_2_refuses_the_half_size_latent_latent_upsample_did_not_double(han
     assert not handle.patcher.is_loaded(), "refused after placing the transformer"
     sample(video, "1")
     sample(full, "2")
+
+
+def test_guided_sampler_refuses_stg_blocks_outside_the_model_by_the_guiders_input_before_loading(handle):
+    """The guider cannot know the model: the sampler checks its STG blocks against the connected transformer (2
+    blocks here) before placing it, naming the guider node's input and the model's real block count."""
+    from nodes.comfy import bridge
+    bridge.unload_model(handle.patcher)
+    video, audio = _latents()
+    with pytest.raises(LTX25Error) as error:
+        LTX25GuidedSampler().sample(handle, _guider(video_stg=1.0, video_stg_blocks="99"), video, audio, 0, 1,
+                                    "euler", "4096 tokens", "1", "sequential", "auto", sigmas="0.4, 0.0")
+    assert error.value.where == "LTX25MultimodalGuider.video_stg_blocks", str(error.value)
+    assert "0 … 1" in str(error.value) and "has 2 blocks" in str(error.value), str(error.value)
+    assert not handle.patcher.is_loaded(), "refused after placing the transformer"

@@ -114,6 +114,7 @@ class LTX25GuidedSampler:
         fps, video, audio, held, dit_shape = stage_latents(video_latent, audio_latent, frame_rate, guides, where,
                                                            int(stage))
         _check_prompts(guider, video.shape[0], f"{where}.guider")
+        guider.check(len(model.module.dit.transformer_blocks), "LTX25MultimodalGuider")
         tokens = dev_sampling.latent_tokens(video.shape) if schedule_shift == SHIFTS[1] else dev_sampling.MAX_TOKENS
         schedule = sampling.parse_sigmas(sigmas or "", f"{where}.sigmas") or (
             dev_sampling.dev_sigmas(steps, tokens) if stage == "1" else sampling.STAGE2_SIGMAS)

@@ -106,7 +106,8 @@ class Guidance:
             bad = [b for b in params.stg_blocks or () if num_blocks is not None and not 0 <= b < num_blocks]
             if params.uses_perturbed() and bad:
                 raise LTX25Error(f"{where}.{name}_stg_blocks", "the block", bad[0], f"0 … {num_blocks - 1}",
-                                 "The LTX-2.5 transformer has 48 blocks; the reference perturbs block 28.")
+                                 f"This transformer has {num_blocks} blocks (the released LTX-2.5 has 48; the "
+                                 "reference perturbs block 28).")
 
 
 def parse_blocks(text: str, where: str) -> tuple[int, ...] | None:
