@@ -460,3 +460,12 @@ def test_decode_node_returns_images_and_stats(tiny_file):
     images, stats = out["result"]
     assert images.shape == (9, 64, 64, 3) and stats.decoder == "conv" and stats.seconds > 0
     assert out["ui"]["ltx25_decode_stats"] == [stats.as_dict()]  # what the canvas shows on the node
+
+
+def test_decode_node_refuses_a_budget_below_the_weights_before_loading_them(tiny_file):
+    """A memory_budget_gb the decoder's own weights do not fit in is refused by name before the load: a load for
+    it may evict the sampler's transformer, and the decode would fail after it anyway."""
+    loaded = Loaded.register(cv.load_conv_vae(tiny_file("conv_vae")), inspect_asset(tiny_file("conv_vae")))
+    with pytest.raises(LTX25Error, match="decoder's own") as error:
+        LTX25ConvVAEDecode().decode(loaded, {"samples": _latent(1, 128, 2, 2, 2)}, "auto", 80, 768, 24, 64, 1e-6)
+    assert error.value.where == "LTX25ConvVAEDecode.memory_budget_gb" and not loaded.patcher.is_loaded()

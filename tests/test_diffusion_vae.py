@@ -458,3 +458,16 @@ def test_model_management_is_asked_for_what_the_processors_blocks_hold(vae):
     untiled = dv.plan(vae, shape[2:], OFF, None)
     assert lean == dv.memory_model(vae, 1, triton).estimate(untiled) < full
     assert full == dv.memory_model(vae, 1).estimate(untiled)
+
+
+def test_node_refuses_a_budget_below_the_weights_before_loading_them(tiny_file):
+    """As the conv decode node: a memory_budget_gb below the decoder's weights is refused by name before the load."""
+    from nodes.comfy.decode_diffusion import LTX25DiffusionVAEDecode
+    from nodes.comfy.handles import Loaded
+    from nodes.ltx.files.assets import inspect_asset
+    path = tiny_file("diffusion_vae")
+    handle = Loaded.register(dv.load_diffusion_vae(path, torch.float32), inspect_asset(path))
+    with pytest.raises(LTX25Error, match="decoder's own") as error:
+        LTX25DiffusionVAEDecode().decode(handle, {"samples": LATENT[:, :, :, :2, :2]}, "auto", 0, 5, "auto", 80, 512,
+                                         40, 160, 1e-6)
+    assert error.value.where == "LTX25DiffusionVAEDecode.memory_budget_gb" and not handle.patcher.is_loaded()

@@ -5,6 +5,7 @@ from . import bridge
 from .handles import latent_for_decoder
 from .decode_tiling import ready_to_decode, tiling_inputs
 from ..ltx.decode.tiling import TilingRequest
+from ..ltx.device_memory import weight_bytes
 
 CATEGORY = "LTX-2.5/decode"
 NODE = "LTX25ConvVAEDecode"
@@ -35,7 +36,7 @@ class LTX25ConvVAEDecode:
         samples = latent_for_decoder(NODE, video_vae, latent, "conv", "ltx-2.5-video-vae-conv-bf16.safetensors",
                                      "LTX-2.5 Diffusion VAE Decode")
         request = TilingRequest(tiling, tile_frames, tile_pixels, overlap_frames, overlap_pixels, memory_budget_gb)
-        request.check(NODE)
+        request.check(NODE, weight_bytes(video_vae.module))
         # Room to decode untiled, or tiles that fit beside the loaded models rather than evicting the sampler's
         # transformer; auto then plans within `free`.
         shape = tuple(samples.shape)

@@ -5,6 +5,7 @@ from . import bridge
 from .handles import latent_for_decoder
 from .decode_tiling import tiling_inputs
 from ..ltx.decode.tiling import TilingRequest
+from ..ltx.device_memory import weight_bytes
 from ..ltx.kernels.na_attention import PROCESSORS, make_processor
 
 CATEGORY = "LTX-2.5/decode"
@@ -49,7 +50,7 @@ class LTX25DiffusionVAEDecode:
         samples = latent_for_decoder(NODE, video_vae, latent, "diffusion", "ltx-2.5-video-vae-bf16.safetensors",
                                      "LTX-2.5 Conv VAE Decode")
         request = TilingRequest(tiling, tile_frames, tile_pixels, overlap_frames, overlap_pixels, memory_budget_gb)
-        request.check(NODE)
+        request.check(NODE, weight_bytes(video_vae.module))
         # before the weights load: a processor that cannot run here is refused at once
         attention = make_processor(processor, bridge.compute_device(), f"{NODE}.processor")
         vae = video_vae.ready(engine.working_memory(video_vae.module, tuple(samples.shape), request, attention))

@@ -6,6 +6,7 @@ from . import bridge
 from .decode_tiling import tiling_inputs
 from .loaders import CATEGORY as LOADERS, dtype_input, file_input, load_registered
 from ..ltx.decode.tiling import TilingRequest
+from ..ltx.device_memory import weight_bytes
 from ..ltx.errors import LTX25Error
 from ..ltx.files.assets import Kind
 
@@ -117,7 +118,7 @@ class LTX25EncodeVideo:
         from ..ltx.encode.video_encoder import encode_video, working_memory
         pixels, used = prepare_frames(images, video_encoder.module.model_version, width, height, crf, VIDEO_NODE)
         request = TilingRequest(tiling, tile_frames, tile_pixels, overlap_frames, overlap_pixels, memory_budget_gb)
-        request.check(VIDEO_NODE)
+        request.check(VIDEO_NODE, weight_bytes(video_encoder.module))
         encoder = video_encoder.ready(working_memory(video_encoder.module, tuple(pixels.shape), request))
         latent = encode_video(encoder, pixels, request, bridge.free_device_memory(),
                               bridge.step_callback(1, "video encode"), where=VIDEO_NODE, check=bridge.check_interrupt,

@@ -52,11 +52,14 @@ class TilingRequest:
             return "overlap_frames", self.overlap_frames, f"less than tile_frames ({self.tile_frames})"
         return None
 
-    def check(self, where: str) -> None:
-        """Raise the first `problem()` as an LTX25Error naming `where`.<widget>."""
+    def check(self, where: str, weight_bytes: int | None = None) -> None:
+        """Raise the first `problem()` as an LTX25Error naming `where`.<widget>; with the model's `weight_bytes`,
+        also a budget that does not cover them (checked before the model loads: a load for it may evict others)."""
         problem = self.problem()
         if problem is not None:
             raise LTX25Error(f"{where}.{problem[0]}", problem[0], problem[1], problem[2])
+        if weight_bytes is not None:
+            self.budget_bytes(weight_bytes, 0, where)
 
     def budget_bytes(self, weight_bytes: int, free_bytes: int, where: str) -> int:
         """Bytes `auto` may plan the decode's working memory with: `memory_budget_gb` less the weights it includes,
