@@ -247,6 +247,29 @@ def test_a_failed_encode_leaves_no_file(output_dir, monkeypatch):
     assert list(output_dir.iterdir()) == []
 
 
+def test_an_output_folder_that_cannot_be_made_is_named_as_the_folder_not_the_prefix(output_dir):
+    """A file where the prefix's subfolder should be (or a read-only output folder) is the folder's problem: the
+    error names the folder and where to look, rather than calling a good prefix a name the file system cannot take."""
+    (output_dir / "clips").write_text("a file, not a folder")
+    with pytest.raises(LTX25Error, match="the output folder is .*clips.*--output-directory") as error:
+        _save(_frames(9), 24.0, "clips/t")
+    assert error.value.where == "LTX25SaveVideo.filename_prefix" and "filename prefix is" not in str(error.value)
+
+
+def test_a_disk_that_fills_mid_save_is_a_named_error_and_leaves_no_file(output_dir, monkeypatch):
+    """ENOSPC from the encoder becomes an error naming the node and what to do; the partial file is removed."""
+    import errno
+
+    def full(path, *args):
+        with open(path, "wb") as part:
+            part.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(mp4, "_encode", full)
+    with pytest.raises(LTX25Error, match="No space left on device. Free disk space") as error:
+        _save(_frames(9), 24.0, "full")
+    assert error.value.where == "LTX25SaveVideo" and list(output_dir.iterdir()) == []
+
+
 def test_an_interrupt_stops_the_save_and_leaves_no_file(output_dir, monkeypatch):
     """The user's interrupt (ComfyUI's cancel button: bridge.check_interrupt) reaches a save while it encodes: it
     stops within a frame or two with ComfyUI's interrupt exception, and its partial file is gone."""

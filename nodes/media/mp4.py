@@ -101,11 +101,14 @@ def reserve(directory: str, prefix: str, number: int | None = None, ext: str = "
                         return named(number)
                 except FileExistsError:  # written by something that does not take the folder's lock
                     number += 1
-    except OSError as error:  # ENAMETOOLONG: a name over the file system's NAME_MAX (255 bytes on most)
-        hint = ("Shorten the prefix, or split it into subfolders." if error.errno == errno.ENAMETOOLONG
-                else f"Creating it in {folder} failed: {error.strerror or error}.")
-        raise LTX25Error(where, "the filename prefix", repr(prefix), "a name this file system can create",
-                         hint) from error
+    except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:  # a name over the file system's NAME_MAX (255 bytes on most)
+            raise LTX25Error(where, "the filename prefix", repr(prefix), "a name this file system can create",
+                             "Shorten the prefix, or split it into subfolders.") from error
+        # Not the prefix's fault: a read-only output folder, a file where a folder should be, a full disk
+        raise LTX25Error(where, "the output folder", folder, "a folder this process can create and write in",
+                         f"{error.strerror or error}. Check the output folder (ComfyUI's --output-directory) and "
+                         "the subfolders the prefix names.") from error
 
 
 def counter_of(filename: str, ext: str = "mp4") -> int | None:
@@ -158,8 +161,12 @@ def save_mp4(name: OutputName, frames: np.ndarray, fps: float, audio: np.ndarray
         if audio is not None:
             audio = fit_audio(_checked_audio(audio, node), round(frames.shape[0] / rate * sample_rate), sample_rate,
                               node)
-        _encode(name.part, frames, rate, audio, sample_rate, metadata or {}, crf, check)
-        return publish(name)
+        try:
+            _encode(name.part, frames, rate, audio, sample_rate, metadata or {}, crf, check)
+            return publish(name)
+        except OSError as error:  # a full disk, an output folder gone or made read-only meanwhile
+            raise LTX25Error(node, "writing the video", name.part, "a file this process can write",
+                             f"{error.strerror or error}. Free disk space, or set another output folder.") from error
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.remove(name.part)
