@@ -253,12 +253,14 @@ def test_node_hands_the_stage_the_mask_times_the_strength(fake, no_encode):
     ({"attention_mask": torch.rand(17, 64, 64, 3)}, f"{NODE}.attention_mask"),         # an IMAGE, not a MASK
     ({"attention_mask": torch.full((17, 64, 64), 2.0)}, f"{NODE}.attention_mask"),    # outside [0, 1]
     ({"attention_mask": torch.rand(12, 64, 64)}, f"{NODE}.attention_mask"),           # 12 frames: not 1 + 2k
+    ({"attention_mask": torch.rand(5, 64, 64)}, f"{NODE}.attention_mask"),            # 1 + 2k, but not 17
     ({"attention_mask": torch.rand(17, 64, 96)}, f"{NODE}.attention_mask"),           # a 3:2 mask, square clip
 ])
 def test_bad_attention_inputs_are_named_by_node_and_field(fake, no_encode, kwargs, where):
-    """A strength outside [0, 1], an IMAGE where a MASK goes, mask values outside [0, 1], a mask whose frames do not
-    split into the reference's latent frames (frame 0, then 2 equal groups), a mask of another aspect: an LTX25Error
-    naming the field (the last two when the sampler's stage asks for the weights)."""
+    """A strength outside [0, 1], an IMAGE where a MASK goes, mask values outside [0, 1], a mask of neither one frame
+    nor the clip's count (5 frames would split into the reference's latent frames, and be stretched over the clip),
+    a mask of another aspect: an LTX25Error naming the field (the last three when the sampler's stage asks for the
+    weights)."""
     with pytest.raises(LTX25Error) as info:
         _sample(fake, LTX25ReferenceVideoGuide().guide(fake, _frames(17), None, 1.0, **kwargs)[0])
     assert info.value.where == where, info.value

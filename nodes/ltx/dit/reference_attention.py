@@ -115,6 +115,9 @@ def mask_video_tokens(mask: torch.Tensor, stage_hw: tuple[int, int], latent_fhw:
     f, h, w = latent_fhw
     used = mask[:clip_frames].float()
     count = used.shape[0]
+    if 1 < count < clip_frames:  # fits the grouping by chance only: it would be stretched over the whole clip
+        raise LTX25Error(where, "the attention mask's frame count", count, f"1 or the clip's {clip_frames} (more "
+                         "are cut)", f"Give the mask the clip's frame count ({clip_frames}), or a single frame.")
     if count > 1 and f > 1 and (count - 1) % (f - 1):
         raise LTX25Error(where, "the attention mask's frames (up to the clip's length)", count,
                          f"1 or 1 + {f - 1}·k: the reference's {f} latent frames are frame 0, then {f - 1} equal "
