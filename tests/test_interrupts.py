@@ -52,6 +52,76 @@ def test_an_untiled_conv_decode_stops_between_blocks_not_after_the_clip(tiny_fil
     assert images.shape == (9, 64, 64, 3)
 
 
+def test_an_untiled_diffusion_decode_stops_within_one_block_of_any_stage(tiny_file):
+    """Stages 1-3 run once before any tile and an untiled decode is one tile, so the per-tile×step progress check
+    came only after the whole clip (68 more leaf forwards in a reviewer's count): the check runs before every block
+    of stages 1-4 and of each stage-5 step, once per block forward, so the n-th check stops it wherever that is
+    (the first block, stage 4's last, stage 5's first, the last step's last). A check that never raises changes no
+    bit; a stopped decode leaves no hook and no tensor behind (with its exception still held, as ComfyUI holds it)
+    and the next decode equals one made before."""
+    import gc
+    from nodes.ltx.decode import diffusion_vae as dv
+    vae = dv.load_diffusion_vae(tiny_file("diffusion_vae"), torch.float32)
+    latent = torch.randn(1, 128, 2, 2, 3, generator=torch.Generator().manual_seed(0))
+
+    def decode(**kwargs):
+        return dv.decode(vae, latent, processor="sdpa", steps=2, seed=1, request=TilingRequest("off"), **kwargs)[0]
+    want = decode()
+    det, stage5 = sum(vae.config.stage_depths[:4]), vae.config.stage_depths[4]
+    every = StopAt(10**9)
+    assert torch.equal(decode(check=every), want) and every.calls == det + 2 * stage5, (every.calls, det, stage5)
+
+    def live_bytes(keep):
+        gc.collect()
+        return sum(t.untyped_storage().nbytes() for t in gc.get_objects()
+                   if type(t) in (torch.Tensor, torch.nn.Parameter) and t.untyped_storage().data_ptr() not in keep)
+    keep = {t.untyped_storage().data_ptr() for t in [*vae.parameters(), *vae.buffers(), latent, want]}
+    for n in (1, det, det + 1, det + 2 * stage5):
+        check, ticks, before = StopAt(n), [], live_bytes(keep)
+        with pytest.raises(bridge.InterruptError) as stopped:
+            decode(check=check, on_step=lambda *a: ticks.append(a))
+        leaked = live_bytes(keep) - before
+        assert check.calls == n and len(ticks) == (n > det + stage5), (n, check.calls, ticks)
+        assert stopped.value is not None and leaked < 64 * 1024, f"{leaked} bytes of tensors survived a stop at {n}"
+        assert not any(block.forward.__name__ == "checked_forward" for block in vae.modules()), n  # none left
+    assert torch.equal(decode(), want)
+
+
+def test_a_guided_step_checks_before_each_of_its_passes(transformer):
+    """A dev step runs up to four full forwards (cond, uncond, perturbed, isolated; twice that with res_2s) while the
+    sampler's progress check comes once per step: the guided denoiser checks before each pass, so the n-th check
+    stops it after n − 1 forwards. Batched passes are one forward, one check; neutral scales one forward, one check.
+    A check that never raises changes no bit, and a denoise after a stopped one equals one made before (no
+    perturbation left in place)."""
+    from nodes.ltx.conditioning import Conditioning
+    from nodes.ltx.dit import guidance as G
+    from nodes.tools.tiny.common import TINY_DIMS
+    g = torch.Generator().manual_seed(0)
+    video, audio = torch.randn(1, 128, 2, 2, 3, generator=g), torch.randn(1, 8, 7, 16, generator=g)
+    prompts = [Conditioning(torch.randn(1, 1024, TINY_DIMS["video_inner"], generator=g),
+                            torch.randn(1, 1024, TINY_DIMS["audio_inner"], generator=g)) for _ in range(2)]
+    full = G.Guidance(*prompts, *(G.ModalityGuidance(m.cfg, m.stg, (1,), m.rescale, m.modality)
+                                  for m in (G.DEV_VIDEO, G.DEV_AUDIO)))  # 4 passes; STG on a block the tiny model has
+    forwards = []
+    hook = transformer.dit.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        want = G.make_guided_denoiser(transformer, full, 24.0, "eager")(video, audio, 0.7)
+        every = StopAt(10**9)
+        got = G.make_guided_denoiser(transformer, full, 24.0, "eager", check=every)(video, audio, 0.7)
+        assert every.calls == 4 and all(torch.equal(a, b) for a, b in zip(got, want)), every.calls
+        for guidance, batching, n in ((full, "sequential", 1), (full, "sequential", 3), (full, "batched", 1),
+                                      (G.Guidance(prompts[0]), "sequential", 1)):
+            forwards.clear()
+            check = StopAt(n)
+            with pytest.raises(bridge.InterruptError):
+                G.make_guided_denoiser(transformer, guidance, 24.0, "eager", batching, check=check)(video, audio, 0.7)
+            assert check.calls == n and len(forwards) == n - 1, (batching, n, check.calls, len(forwards))
+        again = G.make_guided_denoiser(transformer, full, 24.0, "eager")(video, audio, 0.7)
+        assert all(torch.equal(a, b) for a, b in zip(again, want))
+    finally:
+        hook.remove()
+
+
 def test_the_upsample_and_the_audio_decode_stop_between_blocks(tiny_file):
     """One forward each, so a check before each block is what can stop them: it raises from inside the forward,
     and the hooks are gone afterwards (a later call runs through)."""
@@ -83,17 +153,24 @@ def test_the_compare_stops_between_chunks_of_frames():
 
 
 def test_the_nodes_hand_the_bridge_check_to_their_stop_points(tiny_file, monkeypatch):
-    """The decode, upsample, audio and compare nodes pass the bridge's interrupt check down to the engine's stop
-    points: more checks than their tiles/steps alone make (one untiled tile; one compare call)."""
+    """The decode, upsample, audio, compare and guided-sampler nodes pass the bridge's interrupt check down to the
+    engine's stop points: more checks than their tiles/steps alone make (one untiled tile; one compare call; two
+    sampler steps)."""
     from nodes.comfy.audio import LTX25AudioDecode
     from nodes.comfy.compare import LTX25DecoderCompare
     from nodes.comfy.decode_conv import LTX25ConvVAEDecode
+    from nodes.comfy.decode_diffusion import LTX25DiffusionVAEDecode
+    from nodes.comfy.guidance import LTX25GuidedSampler, LTX25MultimodalGuider
     from nodes.comfy.handles import Loaded
-    from nodes.comfy.sampling import LTX25LatentUpsample
+    from nodes.comfy.sampling import LTX25EmptyLatent, LTX25LatentUpsample
     from nodes.ltx import upsampler as ups
     from nodes.ltx.audio_vae import load_audio_vae
+    from nodes.ltx.conditioning import Conditioning
     from nodes.ltx.decode.conv_vae import load_conv_vae
+    from nodes.ltx.decode.diffusion_vae import load_diffusion_vae
+    from nodes.ltx.dit.transformer import load_transformer
     from nodes.ltx.files.assets import inspect_asset
+    from nodes.tools.tiny.common import TINY_DIMS
 
     def loaded(component, load):
         return Loaded.register(load(tiny_file(component), torch.float32), inspect_asset(tiny_file(component)))
@@ -110,7 +187,17 @@ def test_the_nodes_hand_the_bridge_check_to_their_stop_points(tiny_file, monkeyp
     counts["audio decode"], checks.calls = checks.calls, 0
     frames = torch.rand(24, 16, 16, 3)
     LTX25DecoderCompare().compare(frames, frames, "a", "b", "side_by_side", False)
-    counts["compare"] = checks.calls
+    counts["compare"], checks.calls = checks.calls, 0
+    LTX25DiffusionVAEDecode().decode(loaded("diffusion_vae", load_diffusion_vae), {"samples": torch.randn(
+        1, 128, 2, 2, 2)}, "sdpa", 0, 0, "off", 80, 512, 40, 160, 0.0)  # one tile, one step
+    counts["diffusion decode"], checks.calls = checks.calls, 0
+    prompt = Conditioning(torch.randn(1, 1024, TINY_DIMS["video_inner"]),
+                          torch.randn(1, 1024, TINY_DIMS["audio_inner"]))
+    guider = LTX25MultimodalGuider().guide(prompt, 3.0, 7.0, 1.0, 1.0, "1", "1", 3.0, 3.0, 0.7, 0.7, negative=prompt)[0]
+    LTX25GuidedSampler().sample(loaded("transformer", load_transformer), guider,
+                                *LTX25EmptyLatent().make(128, 128, 9, 24.0, 1, True), 0, 2, "euler", "4096 tokens",
+                                "1", "sequential", "eager")  # two steps of four passes
+    counts["guided sampler"] = checks.calls
     assert min(counts.values()) > 2, counts
 
 
@@ -280,8 +367,9 @@ def test_ctrl_c_stops_sampling_at_the_next_step_and_exits_without_a_traceback(tm
 
 # ---------------------------------------------------------------------------------------------- the A/B graph
 AB_SIZE = {"width": 128, "height": 64, "frames": 9}  # the smallest two-stage clip: 19 stopped runs stay cheap
-STOPS_INSIDE = {"LTX25DistilledSampler", "LTX25LatentUpsample", "LTX25ConvVAEDecode", "LTX25DiffusionVAEDecode",
-                "LTX25AudioDecode", "LTX25DecoderCompare", "LTX25SaveVideo"}  # nodes that check while they work
+STOPS_INSIDE = {"LTX25DistilledSampler", "LTX25GuidedSampler", "LTX25LatentUpsample", "LTX25ConvVAEDecode",
+                "LTX25DiffusionVAEDecode", "LTX25AudioDecode", "LTX25DecoderCompare",
+                "LTX25SaveVideo"}  # nodes that check while they work
 
 
 def _ab_prompt() -> dict:
@@ -336,3 +424,33 @@ def test_an_interrupt_at_any_node_of_the_ab_graph_leaves_the_next_run_clean_and_
     again = _results(run.execute(_ab_prompt()))
     for name, tensor in reference.items():
         assert torch.equal(again[name], tensor), f"{name}: max diff {(again[name] - tensor).abs().max():.3e}"
+
+
+def test_the_guided_sampler_of_the_dev_graph_stops_before_its_next_pass(tiny_models, tmp_path, monkeypatch):
+    """The dev template's guided sampler, Stop pressed during its first forward pass: no further pass runs (it
+    waited for the step's remaining three before), the node does not end, and a clean run after gives the latents
+    of a run made before."""
+    from nodes.ltx.dit import guidance as G
+    bridge.set_output_dir(str(tmp_path))
+    with open(os.path.join(ROOT, "workflows", "api", "ltx25_t2v_dev_two_stage.json"), encoding="utf-8") as f:
+        prompt = json.load(f)
+    prompt["5"]["inputs"].update(AB_SIZE)
+    prompt["22"]["inputs"].update({"video_stg_blocks": "1", "audio_stg_blocks": "1"})  # the tiny DiT has 2 blocks
+    prompt["10"]["inputs"]["steps"] = 2
+    assert prompt["10"]["class_type"] in STOPS_INSIDE
+    reference = run.execute(copy.deepcopy(prompt), targets=["10"])["outputs"]["10"]
+    forwards, ended = [], []
+    real = G._perturbed_velocity
+
+    def forward(*args, **kwargs):
+        forwards.append(1)
+        if len(forwards) == 1:
+            bridge.request_interrupt()
+        return real(*args, **kwargs)
+    monkeypatch.setattr(G, "_perturbed_velocity", forward)
+    with pytest.raises(bridge.InterruptError):
+        run.execute(copy.deepcopy(prompt), targets=["10"], on_end=lambda node_id, *_: ended.append(node_id))
+    assert len(forwards) == 1 and "10" not in ended, (len(forwards), ended)
+    monkeypatch.setattr(G, "_perturbed_velocity", real)
+    again = run.execute(copy.deepcopy(prompt), targets=["10"])["outputs"]["10"]
+    assert all(torch.equal(a["samples"], b["samples"]) for a, b in zip(again, reference))

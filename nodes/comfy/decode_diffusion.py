@@ -57,7 +57,8 @@ class LTX25DiffusionVAEDecode:
         images, stats = engine.decode(vae, samples, processor=attention, steps=steps, seed=seed, request=request,
                                       free_memory=bridge.free_device_memory(),
                                       on_step=bridge.step_callback(1, "diffusion VAE decode"),
-                                      out_device=bridge.intermediate_device(), where=NODE)
+                                      out_device=bridge.intermediate_device(), where=NODE,
+                                      check=bridge.check_interrupt)
         # The ui entry carries the figures the canvas shows on the node (web/ltx25_ab_viewer.js).
         return {"ui": {"ltx25_decode_stats": [stats.as_dict()]}, "result": (images, stats)}
 

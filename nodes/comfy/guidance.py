@@ -130,7 +130,7 @@ class LTX25GuidedSampler:
                 on_x0=bridge.step_callback(dev_sampling.progress_total(schedule, sampler), f"LTX-2.5 {sampler}",
                                            preview_latent=True),
                 output_device=bridge.intermediate_device(), acceleration=acceleration, batching=pass_batching,
-                guides=held, noise_layout=noise_layout, noise_skip=skip)
+                guides=held, noise_layout=noise_layout, noise_skip=skip, check=bridge.check_interrupt)
         finally:
             bridge.empty_cache()
         return stage_outputs(video_latent, audio_latent, video, audio, fps, drawn)

@@ -11,6 +11,7 @@ buffer spans the canvas; what a decode holds is counted in `diffusion_tiling.Mem
 """
 from __future__ import annotations
 
+import functools
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -36,6 +37,7 @@ from .host_frames import DeviceToHost, DirectCopy, HostFrames, host_copier
 from ..files.keymap import Drop, KeyMap, Rename, Split, load_strict
 from ..files.vae_layout import statistics_renames
 from ..latents import denormalize_video
+from ..stop_points import checked_before
 
 CLASS_NAME = "CausalDiffusionVAE"
 READ_PREFIXES = ("decoder.", "per_channel_statistics.")
@@ -312,15 +314,16 @@ def decode(vae: DiffusionVAE, latent: torch.Tensor, *,
            processor: str | na_attention.NeighborhoodAttnProcessor = "auto", steps: int = 0, seed: int = 0,
            request: TilingRequest | None = None, free_memory: int | None = None,
            scheduler_config: Mapping[str, Any] | None = None, on_step: Callable[[int, int], None] | None = None,
-           out_device: torch.device | str = "cpu", where: str = "diffusion VAE decode"
-           ) -> tuple[torch.Tensor, DecodeStats]:
+           out_device: torch.device | str = "cpu", where: str = "diffusion VAE decode",
+           check: Callable[[], None] | None = None) -> tuple[torch.Tensor, DecodeStats]:
     """Normalized latent `[B, 128, T, H, W]` → frames `[B·F, H·32, W·32, 3]` float in [0, 1] on `out_device`.
 
     `processor`: a name from `na_attention.PROCESSORS` or a processor instance. `steps` 0 = the file's default
     (1). `request`: the tiling (None = `default_request`); `auto` plans within its memory budget, or within
     `free_memory` (bytes free on the device with the weights loaded; None = ask the device) when that is 0.
-    `on_step(done, total)` runs after every tile×step (progress; raising stops the decode). `where` names the node
-    in errors.
+    `on_step(done, total)` runs after every tile×step (progress; raising stops the decode). `check()` runs before
+    each block of every stage (it raises to interrupt inside a tile: an untiled decode is one tile, and stages 1-3
+    run once before any tile). `where` names the node in errors.
     """
     request = default_request(vae) if request is None else request
     request.check(where)
@@ -343,7 +346,8 @@ def decode(vae: DiffusionVAE, latent: torch.Tensor, *,
     meter = start_meter(device)
     work: dict[str, torch.Tensor] = {}  # every tensor of the decode lives here or in a callee's frame
     try:
-        with torch.inference_mode():
+        blocks = [*compat.det_blocks(vae.model), *compat.stage5_blocks(vae.model)] if check is not None else []
+        with torch.inference_mode(), checked_before(blocks, check):
             run.decode_into(work, latent, out_device)
     except BaseException as error:
         work.clear()
@@ -487,5 +491,11 @@ class _Decode:
                                  tile.is_origin, tile.t.cells[1] - tile.t.cells[0])
         batch = context.shape[0]
         x_t = tile_noise(self.seed, tile, batch, canvas_hw, context.device, context.dtype)
-        return run_stage5(lambda x, s: decoder.forward_diffusion_step(context, x, s.expand(batch)), x_t, self.steps,
+        # a partial, not a lambda: a lambda's frame left in a traceback (a stop or an out-of-memory inside a step)
+        # keeps its closure, the tile's context, alive past `traceback.clear_frames`
+        return run_stage5(functools.partial(_stage5_step, decoder, context, batch), x_t, self.steps,
                           self.vae.config.model_output_type, self.scheduler, self.tick)
+
+
+def _stage5_step(decoder, context: torch.Tensor, batch: int, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    return decoder.forward_diffusion_step(context, x_t, sigma.expand(batch))

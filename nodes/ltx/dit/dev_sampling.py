@@ -52,13 +52,14 @@ def sample_guided(model: torch.nn.Module, guidance: Guidance, video: torch.Tenso
                   acceleration: str = "auto", batching: str = "sequential", denoise: Callable | None = None,
                   guides: Guides | GuidedStage | None = None, noise_layout: str = "comfy",
                   on_x0: sampling.OnX0 | None = None,
-                  noise_skip: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  noise_skip: Sequence[int] | None = None,
+                  check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One guided stage: video `[B,128,F',H',W']` + audio `[B,8,T,16]` (normalized; stage 1: zeros) at `fps` →
     sampled latents on `output_device` (default: where they came from), of the input shapes. `guides`: as for
     `sampling.sample_distilled`. `denoise(video, audio, σ) → x0` replaces the guided denoiser (tests; it then gets
     the latents with the appended guide frames). `noise_layout` and `on_x0` (each step's guided x0 video, e.g. a
     live preview) and `noise_skip`: as the distilled sampler's (`sampling.sample_stage`); res_2s reports its final
-    x0 as one more step."""
+    x0 as one more step. `check()`: before each of the guided denoiser's forwards (it raises to interrupt)."""
     if sampler not in SAMPLERS:
         raise LTX25Error("sampler", "the sampler", repr(sampler), " / ".join(SAMPLERS))
     if stage not in (1, 2):
@@ -68,7 +69,7 @@ def sample_guided(model: torch.nn.Module, guidance: Guidance, video: torch.Tenso
     device = next(model.parameters()).device
     video, audio = video.to(device), audio.to(device)
     held = sampling.guided_stage(guides, video, audio, fps, device)
-    denoise_fn = denoise or make_guided_denoiser(model, guidance, fps, acceleration, batching, held)
+    denoise_fn = denoise or make_guided_denoiser(model, guidance, fps, acceleration, batching, held, check)
     if sampler == "res_2s":
         video, audio = res2s.sample_res2s(denoise_fn, video, audio, sigmas, seed, stage, on_step, held=held,
                                           noise_layout=noise_layout, on_x0=on_x0, noise_skip=noise_skip)

@@ -132,17 +132,21 @@ def check_acceleration(mode: str, device: torch.device, where: str = "accelerati
 
 
 def make_guided_denoiser(model: torch.nn.Module, guidance: Guidance, fps: float, mode: str = "auto",
-                         batching: str = "sequential", guided: GuidedStage | None = None) -> DenoiseFn:
+                         batching: str = "sequential", guided: GuidedStage | None = None,
+                         check: Callable[[], None] | None = None) -> DenoiseFn:
     """`(video [B,128,F',H',W'], audio [B,8,T,16], σ) → (guided x0 video, guided x0 audio)` float32 on the inputs'
     devices. `batching`: 'sequential' runs the passes one forward each (the reference's default, max batch 1);
     'batched' runs them as one forward of passes × B rows. `mode`: 'auto', 'eager' or 'cuda_graph'. `guided`: the
-    stage's guides (every pass gets their timesteps and positions; the sampler holds the tokens after combining)."""
+    stage's guides (every pass gets their timesteps and positions; the sampler holds the tokens after combining).
+    `check()` runs before each forward (it raises to interrupt): a guided step is up to four full forwards, eight
+    with res_2s, and a check once per step left a Stop waiting for all of them."""
     check_acceleration(mode, next(model.parameters()).device)
     if batching not in PASS_BATCHING:
         raise LTX25Error("pass_batching", "the choice", repr(batching), " / ".join(PASS_BATCHING))
     passes = guidance.passes()
     if len(passes) == 1:  # neutral scales: the unguided denoiser itself
-        return accelerated_denoise.make_denoiser(model, guidance.positive, fps, mode, guided)
+        plain = accelerated_denoise.make_denoiser(model, guidance.positive, fps, mode, guided)
+        return plain if check is None else (lambda video, audio, sigma: check() or plain(video, audio, sigma))
     guidance.check(len(model.dit.transformer_blocks))
     weight = model.dit.proj_in.weight
     device, dtype = weight.device, weight.dtype
@@ -165,6 +169,8 @@ def make_guided_denoiser(model: torch.nn.Module, guidance: Guidance, fps: float,
             attention = None if guided is None else guided.attention_bias(dtype, device)  # shared by every row
             x0 = {}
             for group in groups:
+                if check is not None:
+                    check()
                 rows = len(group) * b
                 context = tuple(_rows(contexts[group[0].negative][i], b) if len(group) == 1 else
                                 torch.cat([_rows(contexts[p.negative][i], b) for p in group]) for i in (0, 1))
