@@ -289,3 +289,93 @@ def test_ic_loras_asking_for_different_reference_scales_are_refused(handle, targ
     with pytest.raises(LTX25Error, match="reference spatial scale") as info:
         handle.with_lora(first, 1.0, name="a").with_lora(second, 1.0, name="b.safetensors")
     assert "b.safetensors" in str(info.value)
+
+
+# ------------------------------------------------------------------------------- damaged files, wrong files, NaNs
+def _truncated(path: str) -> None:
+    data = open(tiny_lora.write_tiny_lora(path, "peft"), "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])
+
+
+def _wrong_dtype_tag(path: str) -> None:
+    """A header read_header accepts (names, offsets inside the file) but safetensors refuses (no such dtype)."""
+    import json
+    import struct
+    header = json.dumps({f"{KEY}.lora_A.weight": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    open(path, "wb").write(struct.pack("<Q", len(header)) + header + bytes(4))
+
+
+@pytest.mark.parametrize("write, fragment", [
+    (_truncated, "truncated"),
+    (lambda path: open(path, "wb").close(), "0 bytes long"),
+    (lambda path: open(path, "wb").write(bytes(100)), "header"),
+    (lambda path: open(path, "wb").write(b"\xff" * 100), "header length"),
+    (lambda path: open(path, "wb").write(b"PK\x03\x04junk"), "PyTorch checkpoint"),
+    (_wrong_dtype_tag, "unreadable"),
+], ids=["truncated", "zero-byte", "zeros", "huge-header", "torch-zip", "bad-dtype"])
+def test_damaged_and_non_safetensors_files_are_refused_naming_the_file(targets, tmp_path, write, fragment):
+    """A truncated download, an empty or garbage file, a torch.save zip renamed .safetensors and a header safetensors
+    itself rejects each raise LTX25Error naming the file (not safetensors' bare SafetensorError, which names
+    neither the node nor the file). Fails if the loader opens the file with safe_open unchecked."""
+    path = str(tmp_path / "bad.safetensors")
+    write(path)
+    with pytest.raises(LTX25Error, match=fragment) as info:
+        read_lora_file(path, targets)
+    assert path in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("component, folder", [("transformer", "models/diffusion_models/"),
+                                               ("audio_vae", "models/vae/")])
+def test_an_ltx_file_of_another_kind_is_refused_from_its_header_saying_what_it_is(
+        targets, tiny_file, monkeypatch, component, folder):
+    """A whole LTX-2.5 transformer (tens of GB at full size) or VAE chosen as a LoRA is named for what it is, with
+    the folder it belongs in, from the header alone: no tensor is read (safe_open is made to fail). Fails if the
+    tensors are read before the key names are checked, or if the message is the generic 'no LoRA form' one."""
+    from nodes.ltx.files import lora as lora_module
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("a tensor was read before the key names were checked")
+    monkeypatch.setattr(lora_module, "safe_open", no_read)
+    path = tiny_file(component)
+    with pytest.raises(LTX25Error, match="not|expected a LoRA") as info:
+        read_lora_file(path, targets)
+    message = str(info.value)
+    assert path in message and folder in message and inspect_asset(path).kind.value in message, message
+
+
+@pytest.mark.parametrize("style, suffix, alpha", [("peft", ".lora_A.weight", None), ("kohya", ".lora_up.weight", 2.0),
+                                                  ("kohya", ".alpha", 2.0), ("peft", ".diff", None)])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_or_infinite_values_are_refused_naming_the_file_and_the_key(targets, tmp_path, style, suffix, alpha, bad):
+    """One NaN/inf in a down or up factor, an alpha or a dense diff would make every patched step NaN (a black
+    video, silently): refused at load, naming the file and the key. Fails without the finiteness check."""
+    tensors = tiny_lora.lora_file_tensors(tiny_lora.tiny_lora_factors(seed=2), style, alpha=alpha)
+    if suffix == ".diff":
+        tensors = {f"{KEY}.diff": torch.zeros(TINY_DIMS["video_inner"], TINY_DIMS["video_inner"])}
+    key = sorted(k for k in tensors if k.endswith(suffix))[-1]
+    tensors[key] = tensors[key].clone()
+    tensors[key].view(-1)[-1] = bad
+    path = _write(tmp_path, tensors)
+    with pytest.raises(LTX25Error, match="NaN or infinite") as info:
+        read_lora_file(path, targets)
+    assert path in str(info.value) and key in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("strength", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_strength_is_refused_by_the_node(handle, tiny_models, strength):
+    """ComfyUI's min/max check lets NaN through (every comparison with NaN is false): LTX-2.5 Load LoRA refuses a
+    non-finite strength naming its input, instead of returning a model whose every output is NaN."""
+    name = os.path.basename(tiny_lora.write_tiny_dev_files(tiny_models)["distilled_lora"])
+    with pytest.raises(LTX25Error, match="LTX25LoraLoader.strength"):
+        LTX25LoraLoader().apply(handle, name, strength)
+
+
+def test_the_reference_guide_says_a_lora_at_strength_zero_is_no_lora(handle, tiny_models):
+    """The LoRA node at strength 0 hands on the model without the LoRA; the IC-LoRA guide's refusal then says so
+    (strength 0) instead of only asking to connect a LoRA node that is connected."""
+    from nodes.comfy.reference_video import LTX25ReferenceVideoGuide
+    name = os.path.basename(tiny_lora.write_tiny_dev_files(tiny_models)["distilled_lora"])
+    model = LTX25LoraLoader().apply(handle, name, 0.0)[0]
+    with pytest.raises(LTX25Error, match="without a LoRA") as info:
+        LTX25ReferenceVideoGuide().guide(model, torch.rand(1, 8, 8, 3), None, 1.0)
+    assert "strength" in str(info.value) and "0" in str(info.value), str(info.value)

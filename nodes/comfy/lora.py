@@ -3,6 +3,9 @@ on the fly beside the layers, or merged into the weights when the model is made 
 the node for several LoRAs."""
 from __future__ import annotations
 
+import math
+
+from ..ltx.errors import LTX25Error
 from . import bridge
 from .handles import LORA_APPLY
 
@@ -36,6 +39,10 @@ class LTX25LoraLoader:
         }}
 
     def apply(self, model, lora_file: str, strength: float, apply: str = "auto"):
+        # ComfyUI checks min/max, but NaN passes those comparisons and would turn the whole video into NaN.
+        if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(strength):
+            raise LTX25Error("LTX25LoraLoader.strength", "strength", strength, "a finite number (1: the LoRA as "
+                             "trained, 0: the model unchanged)")
         if strength == 0:
             return (model,)
         from ..ltx.dit.transformer import KEY_MAP

@@ -140,8 +140,9 @@ class LTX25ReferenceVideoGuide:
             # A plain LoRA cannot be told from an IC-LoRA trained at scale 1 (neither carries metadata), so any
             # LoRA passes; with none, the base model would only see extra clean tokens it was never trained on.
             raise LTX25Error(f"{NODE}.model", "the model", "without a LoRA", "the transformer with an IC-LoRA",
-                             "Connect the model output of LTX-2.5 Load LoRA with the IC-LoRA file: the base model "
-                             "was not trained to follow a reference video.")
+                             "Connect the model output of LTX-2.5 Load LoRA with the IC-LoRA file, at a strength "
+                             "other than 0 (0 returns the model without the LoRA): the base model was not trained "
+                             "to follow a reference video.")
         scales = model.reference
         provider = ReferenceProvider(video_encoder, frames.detach().float().cpu(), scales.spatial, scales.temporal)
         own = Guides(reference=(ReferenceGuide(provider, strength, scales.spatial, scales.temporal, attention, mask),))

@@ -31,9 +31,11 @@ from dataclasses import dataclass, field
 from typing import Mapping, Union
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from ..errors import LTX25Error
+from ..release import OFFICIAL_FILES
+from .assets import Header, identify, read_header
 from .keymap import KeyMap
 
 NATIVE_PREFIX = "model.diffusion_model."
@@ -156,20 +158,22 @@ def read_lora_file(path: str | os.PathLike, targets: LoraTargets) -> LoraFile:
     """A LoRA file → its patches ({module state-dict key: LoraFactors or dense delta}, tensors in the file's dtype on
     the CPU) and IC-LoRA reference scaling. Every file key is used, or an `LTX25Error` names the file and the key:
     unknown forms, parameters the model does not have, half pairs, mixed spellings, wrong shapes, dense deltas on
-    quantized weights; metadata the pack cannot honour (an HDR IC-LoRA, a scale that is no positive integer) too."""
+    quantized weights, NaN or infinite values; metadata the pack cannot honour (an HDR IC-LoRA, a scale that is no
+    positive integer) too. A damaged or non-safetensors file, or an LTX-2.5 file of another kind, is refused from
+    its header, before any tensor is read."""
     path = str(path)
-    with safe_open(path, "pt") as f:
-        tensors = {key: f.get_tensor(key) for key in f.keys()}
-        metadata = dict(f.metadata() or {})
-    reference = reference_scales(path, metadata)
-    if not tensors:
+    header = read_header(path)  # a truncated, empty or pickle file is refused here, naming the file
+    if not header.tensors:
         raise LTX25Error(path, "the LoRA file", "empty", "LoRA tensors (…lora_A.weight / …lora_down.weight …)")
+    # Key names are checked from the header before any tensor is read: a whole checkpoint dropped into the loras
+    # folder by mistake is refused at once, not after tens of GB have been read.
     groups: dict[str, dict[str, tuple[str, str]]] = defaultdict(dict)   # module base → role → (file key, suffix)
-    for key in sorted(tensors):
+    for key in sorted(header.tensors):
         parts = _split(key)
         if parts is None:
-            raise _refuse(path, key, "of no LoRA form", "a name ending in " + ", ".join(s for s, _ in SUFFIXES),
-                          "DoRA, LoHa, LoKr and other adapters are not supported.")
+            raise _another_asset(header) or _refuse(
+                path, key, "of no LoRA form", "a name ending in " + ", ".join(s for s, _ in SUFFIXES),
+                "DoRA, LoHa, LoKr and other adapters are not supported.")
         base, suffix, role = parts
         if base in targets.ambiguous:
             raise _refuse(path, key, f"ambiguous ({base!r} names more than one parameter)", "a dotted name")
@@ -182,10 +186,37 @@ def read_lora_file(path: str | os.PathLike, targets: LoraTargets) -> LoraFile:
         if role in groups[target]:
             raise _refuse(path, key, f"a second {role} for {target}", f"one (already {groups[target][role][0]})")
         groups[target][role] = (key, suffix)
+    try:
+        with safe_open(path, "pt") as f:
+            metadata = dict(f.metadata() or {})
+            reference = reference_scales(path, metadata)
+            tensors = {key: f.get_tensor(key) for roles in groups.values() for key, _ in roles.values()}
+    except SafetensorError as e:
+        raise LTX25Error(path, "the safetensors file", f"unreadable ({e})", "a valid safetensors file",
+                         "The file is damaged; re-download it.") from e
     patches: dict[str, Patch] = {}
     for target, roles in groups.items():
         patches.update(_patches_for(path, target, roles, tensors, targets))
     return LoraFile(patches, reference)
+
+
+def _another_asset(header: Header) -> LTX25Error | None:
+    """The error for an LTX-2.5 file of another kind (transformer, VAE, …) chosen as a LoRA, None for any other."""
+    try:
+        kind = identify(header)
+    except LTX25Error:
+        return None
+    folder, name = OFFICIAL_FILES[kind.name.lower()]
+    return LTX25Error(header.path, "this file", f"the LTX-2.5 {kind.value}", "a LoRA",
+                      f"Put it in models/{folder}/ (like {name}) and load it with its own loader.")
+
+
+def _check_finite(path: str, key: str, tensor: torch.Tensor) -> torch.Tensor:
+    # A NaN or an infinity in one factor spreads through every step and gives a black or noise video, silently.
+    if not bool(torch.isfinite(tensor).all()):
+        raise _refuse(path, key, "holding NaN or infinite values", "finite numbers",
+                      "The file is damaged or was saved from a diverged training run; re-download or re-export it.")
+    return tensor
 
 
 def _positive_int(path: str, key: str, value: str) -> int:
@@ -254,7 +285,9 @@ def _patches_for(path: str, target: str, roles: Mapping[str, tuple[str, str]], t
         value = tensors[roles["alpha"][0]]
         if value.numel() != 1:
             raise _refuse(path, roles["alpha"][0], f"shaped {tuple(value.shape)}", "a scalar")
-        alpha = float(value.float().item())
+        alpha = float(_check_finite(path, roles["alpha"][0], value).float().item())
+    _check_finite(path, roles["down"][0], down)
+    _check_finite(path, roles["up"][0], up)
     out[weight_key] = LoraFactors(up, down, alpha)
     return out
 
@@ -267,7 +300,7 @@ def _dense(path: str, key: str, tensors: Mapping[str, torch.Tensor], model: Mapp
     _check_patchable(path, key, weight, module_key)
     if tuple(tensors[key].shape) != tuple(weight.shape):
         raise _refuse(path, key, f"shaped {tuple(tensors[key].shape)}", f"{tuple(weight.shape)} ({module_key})")
-    return tensors[key]
+    return _check_finite(path, key, tensors[key])
 
 
 def _check_patchable(path: str, key: str, weight: torch.Tensor, module_key: str) -> None:
