@@ -161,6 +161,15 @@ def test_res2s_on_x0_gets_each_steps_latest_x0_and_outputs_are_unchanged():
     assert order == ["x0", "step"] * 4
 
 
+def transformer_stand_in() -> torch.nn.Module:
+    """A module the guided sampler node takes for a transformer of 2 blocks (it checks the guider's STG blocks against
+    `dit.transformer_blocks`); the steps come from a fake denoise."""
+    module = torch.nn.Linear(1, 1)
+    module.dit = torch.nn.Module()
+    module.dit.transformer_blocks = torch.nn.ModuleList([torch.nn.Identity(), torch.nn.Identity()])
+    return module
+
+
 @pytest.mark.parametrize("sampler, reports", [("euler", 3), ("res_2s", 4)])
 def test_guided_sampler_node_hands_each_steps_x0_to_a_preview_callback(monkeypatch, step_calls, sampler, reports):
     """The guided sampler node asks the bridge for a preview callback and feeds it each step's guided x0 video of
@@ -169,7 +178,7 @@ def test_guided_sampler_node_hands_each_steps_x0_to_a_preview_callback(monkeypat
     from nodes.ltx.dit import dev_sampling
     from nodes.ltx.dit.guidance import Guidance
     video, audio = LTX25EmptyLatent().make(64, 64, 9, 24.0, 1, True)
-    model = SimpleNamespace(info=SimpleNamespace(name="ltx-2.5-dev.safetensors"), module=torch.nn.Linear(1, 1),
+    model = SimpleNamespace(info=SimpleNamespace(name="ltx-2.5-dev.safetensors"), module=transformer_stand_in(),
                             ready=lambda memory: model.module)
     real_sample, calls = dev_sampling.sample_guided, step_calls
     monkeypatch.setattr(dev_sampling, "sample_guided", lambda *a, **k: real_sample(*a, **k, denoise=fake_denoise))

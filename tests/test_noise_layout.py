@@ -8,6 +8,7 @@ import torch
 
 from nodes.ltx.dit import sampling
 from nodes.ltx.errors import LTX25Error
+from test_live_preview import transformer_stand_in
 
 VIDEO, AUDIO = (1, 128, 2, 2, 3), (1, 8, 9, 16)
 
@@ -149,7 +150,7 @@ def test_guided_sampler_node_offers_noise_layout_default_comfy(monkeypatch):
     spec = LTX25GuidedSampler.INPUT_TYPES()["optional"]["noise_layout"]
     assert spec[0] == list(sampling.NOISE_LAYOUTS) and spec[1]["default"] == "comfy"
     readied, seen = [], []
-    model = SimpleNamespace(info=SimpleNamespace(name="ltx-2.5-dev.safetensors"), module=torch.nn.Linear(1, 1),
+    model = SimpleNamespace(info=SimpleNamespace(name="ltx-2.5-dev.safetensors"), module=transformer_stand_in(),
                             ready=lambda memory: readied.append(memory) or model.module)
     monkeypatch.setattr(dev_sampling, "sample_guided",
                         lambda module, guider, video, audio, **k: seen.append(k["noise_layout"]) or (video, audio))
