@@ -69,6 +69,52 @@ def test_eager_denoiser_equals_transformer_denoise_bit_exactly(transformer):
     assert got[0].dtype == torch.float32 and got[0].is_inference()
 
 
+@pytest.mark.parametrize("capability, cudnn, env, want", [
+    ((9, 0), 91501, None, "CUDNN_ATTENTION"),    # H100 / H200, cuDNN 9.15.1
+    ((10, 0), 91600, None, "CUDNN_ATTENTION"),   # B200
+    ((10, 3), 91600, None, "CUDNN_ATTENTION"),   # B300
+    ((9, 0), 91500, None, None),                 # 9.15.0 mishandles lengths that are not multiples of 128
+    ((8, 9), 91600, None, None),                 # RTX 40xx: torch keeps FlashAttention first
+    ((12, 0), 91600, None, None),                # RTX 50xx likewise
+    ((9, 0), None, None, None),                  # no cuDNN
+    ((9, 0), 91600, "1", None),                  # the user asked torch to deprioritize cuDNN
+])
+def test_preferred_attention_is_the_kernel_torch_puts_first(monkeypatch, capability, cudnn, env, want):
+    """The kernel the non-compiled modes enter around each DiT call: the one torch itself picks first on that GPU,
+    so that a process whose SDPA order another node reset (ComfyUI core's attention does, on its first call) runs the
+    pack's DiT as a fresh one would. Fails if the pack forces cuDNN where torch does not prefer it, or drops it."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: cudnn is not None)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: cudnn)
+    monkeypatch.delenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", raising=False)
+    if env:
+        monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", env)
+    assert A.preferred_attention(torch.device("cuda", 0)) == want
+    assert A.preferred_attention(torch.device("cpu")) is None
+
+
+def test_denoiser_runs_under_the_preferred_kernel_whatever_order_the_process_was_left_in(transformer, monkeypatch):
+    """ComfyUI core's attention enters `sdpa_kernel(..., set_priority=True)` on every call; entered before torch
+    has chosen its order, it leaves FlashAttention first for the rest of the process (1.41 against 1.21 s a stage-2
+    step at 1280×704 on an H200). A denoiser of every non-compiled mode runs the DiT under the preferred kernel
+    and leaves the process's order as it found it. Run with MATH standing in for cuDNN (no GPU here). Fails if
+    the DiT call is not wrapped or the order leaks out of it."""
+    from torch.nn.attention import SDPBackend
+    math = int(SDPBackend.MATH)
+    monkeypatch.setattr(A, "preferred_attention", lambda device: "MATH")
+    seen = []
+    real = T.denoise
+
+    def spying_denoise(*args, **kwargs):
+        seen.append(torch._C._get_sdp_priority_order()[0])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(T, "denoise", spying_denoise)
+    before = list(torch._C._get_sdp_priority_order())
+    A.make_denoiser(transformer, conditioning(), 24.0, "eager")(*latents(), 0.725)
+    assert seen == [math]
+    assert list(torch._C._get_sdp_priority_order()) == before
+
+
 # ---------------------------------------------------------------------------------------------------- graph path
 @pytest.fixture
 def recorded(monkeypatch):

@@ -26,6 +26,14 @@ the pack's blocks compile under it whenever they compile on CUDA (the sampler of
 denoiser says on the node (`notify`) when a call is about to compile or capture, since those calls take seconds
 instead of a fraction of one.
 
+Attention kernel in the other modes (`preferred_attention`): PyTorch decides its SDPA kernel order lazily, on a
+process's first attention call, putting cuDNN's fused attention first on Hopper and Blackwell data-centre GPUs. An
+`sdpa_kernel(..., set_priority=True)` context entered before that decision restores, on exit, the undecided
+FlashAttention-first order for the rest of the process; ComfyUI core's attention (`comfy/ops.py`) enters one on every
+call. After any core model has run, the pack's stage 2 at 1280×704 then took 1.41 s a step instead of 1.21 on an H200
+(FlashAttention-2 runs that self-attention at 350 TFLOP/s, cuDNN at 690: bench/diag_stage_kernels.py). So every mode
+enters the order torch would have chosen itself around the DiT call.
+
 Graphs: one per (latent shapes, fps, context shapes, timestep shapes, weights' dtype/device, mode) and view of the
 weights, cached on the model object (so they go when it is garbage-collected). Inputs are copied into static buffers
 every call — latent tokens, the timesteps (per token when the stage is guided: guides.py), the positions and keyframe
@@ -44,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple
@@ -170,18 +179,32 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
             return eager_denoise(model, video, audio, sigma, cond, fps, **extra)
         return accelerated(video, audio, sigma)
 
-    if spec.attention is None:
+    attention = spec.attention or preferred_attention(next(model.parameters()).device)
+    if attention is None:
         return denoise
     from torch.nn.attention import SDPBackend, sdpa_kernel
     # First choice, then the others: diffusers' cuDNN backend made q/k/v contiguous, the plain one passes them
     # strided, and a layout cuDNN refused must fall back to another kernel, not fail with "no available kernel".
-    kernels = [getattr(SDPBackend, spec.attention)] + [getattr(SDPBackend, name) for name in SDPA_FALLBACKS
-                                                       if name != spec.attention]
+    kernels = [getattr(SDPBackend, attention)] + [getattr(SDPBackend, name) for name in SDPA_FALLBACKS
+                                                  if name != attention]
 
     def with_backend(video: torch.Tensor, audio: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
         with sdpa_kernel(kernels, set_priority=True):
             return denoise(video, audio, sigma)
     return with_backend
+
+
+def preferred_attention(device: torch.device) -> str | None:
+    """The SDPA kernel PyTorch itself puts first on `device` (module docstring): 'CUDNN_ATTENTION' on compute
+    capability 9.0 / 10.0 / 10.3 with cuDNN newer than 9.15.0 (older ones mishandle sequence lengths that are not
+    multiples of 128) unless `TORCH_CUDNN_SDPA_DEPRIORITIZED` is set; None (the process's order) elsewhere."""
+    if device.type != "cuda" or os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "").lower() in ("1", "true", "on"):
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    if major in (9, 10) and minor in (0, 3) and cudnn is not None and cudnn > 91500:
+        return "CUDNN_ATTENTION"
+    return None
 
 
 def _name(spec: Mode) -> str:
