@@ -253,6 +253,33 @@ def test_prompt_with_a_link_of_the_wrong_type_is_refused_with_node_errors(server
     pytest.fail("no linked input in the workflow to re-wire")
 
 
+def test_a_save_prefix_outside_the_output_folder_is_refused_when_queued(server, tiny_set):
+    """Save nodes whose filename prefix leaves the output folder are named by ComfyUI's validate_prompt (the node's
+    VALIDATE_INPUTS) with their input when the prompt is queued, not after the run's sampling. As ComfyUI does for
+    any invalid output node, the valid outputs (here the A/B compare) still run and the broken saves do not: the
+    run ends in success with nothing written outside the output folder. Fails if the check waits for the save."""
+    prompt = h.small_clip(_broken_base())
+    saves = sorted(nid for nid, n in prompt.items() if n["class_type"] == "LTX25SaveVideo")
+    assert saves and all(not isinstance(prompt[nid]["inputs"].get("filename_prefix"), list) for nid in saves)
+    for nid in saves:
+        prompt[nid]["inputs"]["filename_prefix"] = "../outside/clip"
+    server.client.free()
+    resp = server.client.post_prompt(prompt)
+    node_errors = resp.body.get("node_errors", {})
+    assert sorted(node_errors) == saves, json.dumps(resp.body)[:3000]
+    for nid in saves:
+        errors = node_errors[nid]["errors"]
+        assert [(e["type"], e["extra_info"]["input_name"]) for e in errors] == [
+            ("custom_validation_failed", "filename_prefix")], errors
+        assert "a name inside" in errors[0]["details"], errors
+    assert resp.status == 200, resp.body  # the compare, an output node too, is valid
+    entry = server.client.wait_history(resp.body["prompt_id"], PROMPT_TIMEOUT_S, server)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    assert not set(entry.get("outputs", {})) & set(saves), entry.get("outputs")
+    outside = os.path.join(os.path.dirname(server.output_dir), "outside")
+    assert not os.path.exists(outside), os.listdir(outside)
+
+
 def test_server_stops_by_its_pid(server):
     """Runs last in this module: the fixture's server ends on SIGTERM to its pid and frees its port, so no
     ComfyUI outlives the tests. Fails when the harness leaves the process running."""

@@ -256,6 +256,54 @@ def test_an_output_folder_that_cannot_be_made_is_named_as_the_folder_not_the_pre
     assert error.value.where == "LTX25SaveVideo.filename_prefix" and "filename prefix is" not in str(error.value)
 
 
+@pytest.mark.parametrize("prefix, expected", [
+    ("../outside/t", "a name inside"),
+    ("clips/t", "clips is a file, not a folder"),
+    ("clips/deeper/t", "clips is a file, not a folder"),
+])
+def test_a_prefix_that_cannot_be_saved_is_refused_when_the_run_is_queued(output_dir, prefix, expected):
+    """The node's VALIDATE_INPUTS (ComfyUI calls it when a prompt is queued, the headless runner before its first
+    node) refuses what the save could never write — before minutes of sampling, not after the decode — and
+    writes nothing while checking. A good prefix, a subfolder still to be made, and a linked prefix (None: known
+    only at run time) pass. Fails if the checks wait for the save or create folders."""
+    (output_dir / "clips").write_text("a file, not a folder")
+    verdict = LTX25SaveVideo.VALIDATE_INPUTS(filename_prefix=prefix)
+    assert isinstance(verdict, str) and expected in verdict and "LTX25SaveVideo.filename_prefix" in verdict, verdict
+    for good in ("LTX25", "new/sub/folder/t", None):
+        assert LTX25SaveVideo.VALIDATE_INPUTS(filename_prefix=good) is True
+    assert sorted(p.name for p in output_dir.iterdir()) == ["clips"]
+
+
+def test_the_headless_runner_refuses_a_save_prefix_before_running_any_node(output_dir, monkeypatch):
+    """graph.validate calls a node's VALIDATE_INPUTS with the constant inputs its signature names, as ComfyUI's
+    validate_prompt does: a run with a save that could never write stops before its first node, naming the node
+    and the input; a linked prefix is left to run time."""
+    from nodes.tools import graph, run
+
+    class Frames:
+        RETURN_TYPES = ("IMAGE",)
+        FUNCTION = "make"
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {}}
+
+        def make(self):
+            ran.append("frames")
+            return (torch.zeros(1, 8, 8, 3),)
+    ran: list[str] = []
+    classes = {"Frames": Frames, "LTX25SaveVideo": LTX25SaveVideo}
+    prompt = {"1": {"class_type": "Frames", "inputs": {}},
+              "2": {"class_type": "LTX25SaveVideo", "inputs": {"images": ["1", 0], "fps": 24.0,
+                                                               "filename_prefix": "../escape/t"}}}
+    with pytest.raises(graph.GraphError, match=r"node 2 \(LTX25SaveVideo\) input 'filename_prefix': .*a name inside"):
+        run.execute(prompt, classes)
+    assert ran == []
+    prompt["2"]["inputs"]["filename_prefix"] = ["1", 0]  # linked: not a STRING output, but validate only sees a link
+    monkeypatch.setattr(graph, "_check_link", lambda *args: None)
+    graph.validate(prompt, classes)
+
+
 def test_a_disk_that_fills_mid_save_is_a_named_error_and_leaves_no_file(output_dir, monkeypatch):
     """ENOSPC from the encoder becomes an error naming the node and what to do; the partial file is removed."""
     import errno
@@ -481,4 +529,5 @@ def test_the_save_module_imports_alone_without_torch():
     code = ("import sys, nodes.media.mp4; "
             "print(sorted(m for m in sys.modules if m.startswith(('nodes', 'torch', 'diffusers', 'transformers'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert eval(out) == ["nodes", "nodes.ltx", "nodes.ltx.errors", "nodes.media", "nodes.media.mp4"], out
+    assert eval(out) == ["nodes", "nodes.ltx", "nodes.ltx.errors", "nodes.media", "nodes.media.mp4",
+                         "nodes.media.output_folder"], out

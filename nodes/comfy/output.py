@@ -46,6 +46,20 @@ class LTX25SaveVideo:
                     "The video latent the frames were decoded from: its frame_rate is the file's when fps is 0.")})},
             "hidden": {"prompt": "PROMPT", "extra_pnginfo": "EXTRA_PNGINFO"}}
 
+    @classmethod
+    def VALIDATE_INPUTS(cls, filename_prefix: str | None = None) -> bool | str:
+        """Checked when the run is queued, before anything samples: a prefix that leaves the output folder, or a
+        folder that could not be made or written, is refused then rather than after the decode (a linked prefix,
+        unknown until run time, is checked when the file is reserved)."""
+        if filename_prefix is None:
+            return True
+        from ..media.output_folder import check_writable
+        try:
+            check_writable(bridge.output_dir(), filename_prefix, where=f"{NODE}.filename_prefix")
+        except LTX25Error as error:
+            return str(error)
+        return True
+
     async def save(self, images, fps, filename_prefix, audio=None, metadata="", latent=None, prompt=None,
                    extra_pnginfo=None):
         """A coroutine, so ComfyUI's executor runs the CPU-bound encode on a worker thread while the next nodes

@@ -29,6 +29,7 @@ import av
 import numpy as np
 
 from ..ltx.errors import LTX25Error
+from .output_folder import resolve_prefix
 
 log = logging.getLogger(__name__)
 
@@ -69,18 +70,7 @@ def reserve(directory: str, prefix: str, number: int | None = None, ext: str = "
     then the next one is used. That way a run's files share one counter, and runs saving into one folder at once
     never interleave. Processes reserving in one folder take turns (`_folder_lock`). Bad prefixes raise
     LTX25Error naming `where`."""
-    root = os.path.realpath(directory)
-    prefix = prefix or "LTX25"
-    if "\0" in prefix:
-        raise LTX25Error(where, "the filename prefix", repr(prefix), "a name without NUL characters",
-                         "Remove the NUL character (\\0) from the prefix.")
-    target = os.path.realpath(os.path.join(root, os.path.normpath(prefix)))  # a symlink cannot lead outside
-    if os.path.commonpath([root, target]) != root or target == root:
-        raise LTX25Error(where, "the filename prefix", repr(prefix), f"a name inside {root}",
-                         "Remove '..', absolute paths and links to other folders from the prefix.")
-    folder, base = os.path.split(target)
-    subfolder = os.path.relpath(folder, root)
-    subfolder = "" if subfolder == "." else subfolder.replace(os.sep, "/")
+    folder, base, subfolder = resolve_prefix(directory, prefix, where)
 
     def named(counter: int) -> OutputName:
         return OutputName(folder, f"{base}_{counter:0{COUNTER_DIGITS}d}_.{ext}", subfolder, counter)

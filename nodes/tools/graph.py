@@ -5,6 +5,7 @@ API format: `{node_id: {"class_type": str, "inputs": {name: value | [source_id, 
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Mapping
 
 WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")
@@ -78,7 +79,7 @@ def ui_to_api(workflow: Mapping[str, Any], classes: Mapping[str, type]) -> dict[
 
 def validate(prompt: Mapping[str, dict], classes: Mapping[str, type]) -> None:
     """Raise GraphError for: unknown class, missing required input, dangling link, wrong link type, bad combo
-    value, out-of-range number, wrong widget type."""
+    value, out-of-range number, wrong widget type, and what a node's own VALIDATE_INPUTS refuses."""
     for node_id, node in prompt.items():
         class_type = node.get("class_type")
         if class_type not in classes:
@@ -94,6 +95,20 @@ def validate(prompt: Mapping[str, dict], classes: Mapping[str, type]) -> None:
                 _check_link(prompt, classes, node_id, class_type, name, kind, value)
             else:
                 _check_widget(node_id, class_type, name, kind, options, value)
+        _check_custom(node_id, class_type, classes[class_type], given)
+
+
+def _check_custom(node_id: str, class_type: str, node_class: type, given: Mapping[str, Any]) -> None:
+    """A node's own VALIDATE_INPUTS, as ComfyUI calls it when a prompt is queued: with the constant inputs its
+    signature names (linked ones are unknown before the run); anything but True refuses the graph."""
+    validate_inputs = getattr(node_class, "VALIDATE_INPUTS", None)
+    if validate_inputs is None:
+        return
+    names = [n for n in inspect.signature(validate_inputs).parameters if n in given and not is_link(given[n])]
+    verdict = validate_inputs(**{n: given[n] for n in names})
+    if verdict is not True:
+        raise GraphError(node_id, class_type, names[0] if names else None,
+                         verdict if isinstance(verdict, str) else "refused by the node's own checks")
 
 
 def is_link(value: Any) -> bool:
