@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_transformer as bt  # noqa: E402
 from nodes.ltx.dit import transformer as T  # noqa: E402
+from nodes.ltx.dit import accelerated_denoise as A  # noqa: E402
 from nodes.ltx.dit.accelerated_denoise import make_denoiser  # noqa: E402
 
 FAMILIES = (("attention", ("flash", "fmha", "cudnn", "attention", "sdpa")), ("gemm", ("gemm", "sm90", "cutlass",
@@ -69,6 +70,8 @@ def main() -> int:
     model = bt.build(config, device, dtype)
     cond, inputs = bt.random_inputs(config, shapes, device, dtype)
     core = args.sdpa.split(",")
+    # The denoisers enter torch's preferred kernel themselves; off here, so that each row runs the order it names.
+    A.preferred_attention = lambda device: None
     result = {"size": args.size, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "sdpa_core": core, "stages": {}}
     modes = ["eager"] + (["cuda_graph"] if device.type == "cuda" else [])
@@ -119,7 +122,6 @@ def main() -> int:
 
 
 def after_core_attention(args) -> int:
-    from nodes.ltx.dit import accelerated_denoise as A
     device, dtype, config, shapes = bt.stage_setup(args.smoke)
     order = lambda: [torch.nn.attention.SDPBackend(b).name for b in torch._C._get_sdp_priority_order()]  # noqa: E731
     result = {"size": args.size, "order_at_start": order()}

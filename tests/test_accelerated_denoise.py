@@ -69,23 +69,27 @@ def test_eager_denoiser_equals_transformer_denoise_bit_exactly(transformer):
     assert got[0].dtype == torch.float32 and got[0].is_inference()
 
 
-@pytest.mark.parametrize("capability, cudnn, env, want", [
-    ((9, 0), 91501, None, "CUDNN_ATTENTION"),    # H100 / H200, cuDNN 9.15.1
-    ((10, 0), 91600, None, "CUDNN_ATTENTION"),   # B200
-    ((10, 3), 91600, None, "CUDNN_ATTENTION"),   # B300
-    ((9, 0), 91500, None, None),                 # 9.15.0 mishandles lengths that are not multiples of 128
-    ((8, 9), 91600, None, None),                 # RTX 40xx: torch keeps FlashAttention first
-    ((12, 0), 91600, None, None),                # RTX 50xx likewise
-    ((9, 0), None, None, None),                  # no cuDNN
-    ((9, 0), 91600, "1", None),                  # the user asked torch to deprioritize cuDNN
+@pytest.mark.parametrize("capability, cudnn, env, enabled, want", [
+    ((9, 0), 91501, None, True, "CUDNN_ATTENTION"),    # H100 / H200, cuDNN 9.15.1
+    ((10, 0), 91600, None, True, "CUDNN_ATTENTION"),   # B200
+    ((10, 3), 91600, None, True, "CUDNN_ATTENTION"),   # B300
+    ((9, 0), 91500, None, True, None),      # 9.15.0 mishandles lengths that are not multiples of 128
+    ((10, 1), 91600, None, True, None),     # a minor version torch does not list
+    ((8, 9), 91600, None, True, None),      # RTX 40xx: torch keeps FlashAttention first
+    ((12, 0), 91600, None, True, None),     # RTX 50xx likewise
+    ((9, 0), None, None, True, None),       # no cuDNN
+    ((9, 0), 91600, "1", True, None),       # the user asked torch to deprioritize cuDNN
+    ((9, 0), 91600, "true", True, "CUDNN_ATTENTION"),  # torch reads only "1" as set
+    ((9, 0), 91600, None, False, None),     # the user switched cuDNN attention off
 ])
-def test_preferred_attention_is_the_kernel_torch_puts_first(monkeypatch, capability, cudnn, env, want):
+def test_preferred_attention_is_the_kernel_torch_puts_first(monkeypatch, capability, cudnn, env, enabled, want):
     """The kernel the non-compiled modes enter around each DiT call: the one torch itself picks first on that GPU,
-    so that a process whose SDPA order another node reset (ComfyUI core's attention does, on its first call) runs the
-    pack's DiT as a fresh one would. Fails if the pack forces cuDNN where torch does not prefer it, or drops it."""
+    so that a process whose SDPA order another node left undecided (ComfyUI core's attention can, module docstring)
+    runs the pack's DiT as a fresh one would. Fails if the pack forces cuDNN where torch would not, or drops it."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: cudnn is not None)
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: cudnn)
+    monkeypatch.setattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: enabled)
     monkeypatch.delenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", raising=False)
     if env:
         monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", env)
@@ -93,26 +97,48 @@ def test_preferred_attention_is_the_kernel_torch_puts_first(monkeypatch, capabil
     assert A.preferred_attention(torch.device("cpu")) is None
 
 
-def test_denoiser_runs_under_the_preferred_kernel_whatever_order_the_process_was_left_in(transformer, monkeypatch):
-    """ComfyUI core's attention enters `sdpa_kernel(..., set_priority=True)` on every call; entered before torch
-    has chosen its order, it leaves FlashAttention first for the rest of the process (1.41 against 1.21 s a stage-2
-    step at 1280×704 on an H200). A denoiser of every non-compiled mode runs the DiT under the preferred kernel
-    and leaves the process's order as it found it. Run with MATH standing in for cuDNN (no GPU here). Fails if
-    the DiT call is not wrapped or the order leaks out of it."""
-    from torch.nn.attention import SDPBackend
+@pytest.mark.parametrize("mode", ["eager", "cuda_graph"])
+def test_denoiser_runs_under_the_preferred_kernel_whatever_order_the_process_was_left_in(transformer, monkeypatch,
+                                                                                        recorded, mode):
+    """A process whose first attention ran inside ComfyUI core's `sdpa_kernel(..., set_priority=True)` keeps
+    FlashAttention first for good (1.435 against 1.219 s a stage-2 step at 1280×704 on an H200). A denoiser of
+    every non-compiled mode runs the DiT under the preferred kernel, whatever order it finds, after making torch
+    decide its own order once, and leaves the process's order as it found it. Run with MATH standing in for cuDNN
+    and the CPU for the device (no GPU here; the graph's capture is a plain call). Fails if the DiT call is not
+    wrapped, the order leaks out of it, or torch is not made to decide first."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     math = int(SDPBackend.MATH)
     monkeypatch.setattr(A, "preferred_attention", lambda device: "MATH")
+    monkeypatch.setattr(A, "resolve_mode", lambda m, device, where="": m)  # graph modes on the CPU
+    decided = []
+    monkeypatch.setattr(A, "_decide_order", lambda device: decided.append(device))
     seen = []
-    real = T.denoise
+    hook = transformer.dit.register_forward_pre_hook(
+        lambda module, args: seen.append(torch._C._get_sdp_priority_order()[0]))
+    flash_first = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    try:
+        with sdpa_kernel(flash_first, set_priority=True):  # the order core's attention leaves behind
+            before = list(torch._C._get_sdp_priority_order())
+            A.make_denoiser(transformer, conditioning(), 24.0, mode)(*latents(), 0.725)
+            assert list(torch._C._get_sdp_priority_order()) == before
+    finally:
+        hook.remove()
+    assert seen and set(seen) == {math}, seen
+    assert decided == [next(transformer.parameters()).device]
 
-    def spying_denoise(*args, **kwargs):
-        seen.append(torch._C._get_sdp_priority_order()[0])
-        return real(*args, **kwargs)
-    monkeypatch.setattr(T, "denoise", spying_denoise)
-    before = list(torch._C._get_sdp_priority_order())
-    A.make_denoiser(transformer, conditioning(), 24.0, "eager")(*latents(), 0.725)
-    assert seen == [math]
-    assert list(torch._C._get_sdp_priority_order()) == before
+
+def test_torch_decides_its_attention_order_once_before_the_first_context(monkeypatch):
+    """`_decide_order` runs one tiny attention call per CUDA device and process, outside any context: torch then
+    settles its order before the denoiser's context could leave it undecided. Nothing runs off CUDA."""
+    calls = []
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda q, k, v: calls.append(q.shape))
+    monkeypatch.setattr(torch, "zeros", lambda *shape, **kw: torch.empty(*shape))  # no CUDA tensor here
+    monkeypatch.setattr(A, "_DECIDED", set())
+    A._decide_order(torch.device("cpu"))
+    assert calls == []
+    A._decide_order(torch.device("cuda", 0))
+    A._decide_order(torch.device("cuda", 0))
+    assert len(calls) == 1
 
 
 # ---------------------------------------------------------------------------------------------------- graph path

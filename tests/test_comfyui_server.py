@@ -275,6 +275,8 @@ def test_a_save_prefix_outside_the_output_folder_is_refused_when_queued(server, 
     assert resp.status == 200, resp.body  # the compare, an output node too, is valid
     entry = server.client.wait_history(resp.body["prompt_id"], PROMPT_TIMEOUT_S, server)
     assert entry["status"]["status_str"] == "success", entry["status"]
+    compares = {nid for nid, n in prompt.items() if n["class_type"] == "LTX25DecoderCompare"}
+    assert compares and compares <= set(entry.get("outputs", {})), entry.get("outputs")  # the valid output ran
     assert not set(entry.get("outputs", {})) & set(saves), entry.get("outputs")
     outside = os.path.join(os.path.dirname(server.output_dir), "outside")
     assert not os.path.exists(outside), os.listdir(outside)

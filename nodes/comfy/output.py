@@ -13,6 +13,7 @@ import torch
 from . import bridge
 from ..ltx.errors import LTX25Error
 from ..ltx.latents import frame_rate
+from ..media.output_folder import check_writable
 
 NODE = "LTX25SaveVideo"
 RUNS_KEPT = 8  # runs whose shared counter is remembered (a run's saves follow each other closely)
@@ -53,7 +54,6 @@ class LTX25SaveVideo:
         unknown until run time, is checked when the file is reserved)."""
         if filename_prefix is None:
             return True
-        from ..media.output_folder import check_writable
         try:
             check_writable(bridge.output_dir(), filename_prefix, where=f"{NODE}.filename_prefix")
         except LTX25Error as error:

@@ -99,13 +99,14 @@ def validate(prompt: Mapping[str, dict], classes: Mapping[str, type]) -> None:
 
 
 def _check_custom(node_id: str, class_type: str, node_class: type, given: Mapping[str, Any]) -> None:
-    """A node's own VALIDATE_INPUTS, as ComfyUI calls it when a prompt is queued: with the constant inputs its
-    signature names (linked ones are unknown before the run); anything but True refuses the graph."""
+    """A node's own VALIDATE_INPUTS, called as ComfyUI's validate_prompt calls it when a prompt is queued: with the
+    given inputs its signature names, a linked one as None (its value is unknown before the run); anything but
+    True refuses the graph. (ComfyUI's `input_types` argument and **kwargs validators are not supported here.)"""
     validate_inputs = getattr(node_class, "VALIDATE_INPUTS", None)
     if validate_inputs is None:
         return
-    names = [n for n in inspect.signature(validate_inputs).parameters if n in given and not is_link(given[n])]
-    verdict = validate_inputs(**{n: given[n] for n in names})
+    names = [n for n in inspect.signature(validate_inputs).parameters if n in given]
+    verdict = validate_inputs(**{n: None if is_link(given[n]) else given[n] for n in names})
     if verdict is not True:
         raise GraphError(node_id, class_type, names[0] if names else None,
                          verdict if isinstance(verdict, str) else "refused by the node's own checks")

@@ -29,10 +29,12 @@ instead of a fraction of one.
 Attention kernel in the other modes (`preferred_attention`): PyTorch decides its SDPA kernel order lazily, on a
 process's first attention call, putting cuDNN's fused attention first on Hopper and Blackwell data-centre GPUs. An
 `sdpa_kernel(..., set_priority=True)` context entered before that decision restores, on exit, the undecided
-FlashAttention-first order for the rest of the process; ComfyUI core's attention (`comfy/ops.py`) enters one on every
-call. After any core model has run, the pack's stage 2 at 1280×704 then took 1.41 s a step instead of 1.21 on an H200
-(FlashAttention-2 runs that self-attention at 350 TFLOP/s, cuDNN at 690: bench/diag_stage_kernels.py). So every mode
-enters the order torch would have chosen itself around the DiT call.
+FlashAttention-first order for the rest of the process. ComfyUI core's attention (`comfy/ops.py`) enters one, with
+FlashAttention first, for every query of 131 072 elements or more; when such a call is the process's first attention
+(core's Gemma encode, or its DiT), the pack's stage 2 at 1280×704 then took 1.435 s a step instead of 1.219 on an
+H200 (FlashAttention-2 runs that self-attention at 350 TFLOP/s, cuDNN at 690: bench/diag_stage_kernels.py). So every
+mode enters the order torch would have chosen itself around the DiT call, after one tiny attention call outside any
+context has made torch decide (`_decide_order`), so that the pack's own context cannot cause the same loss.
 
 Graphs: one per (latent shapes, fps, context shapes, timestep shapes, weights' dtype/device, mode) and view of the
 weights, cached on the model object (so they go when it is garbage-collected). Inputs are copied into static buffers
@@ -80,6 +82,7 @@ class Mode:
     # The SDPA kernel attention prefers (a `torch.nn.attention.SDPBackend` name), entered around each call,
     # outside the compiled blocks: diffusers' own cuDNN backend enters the same limit inside each attention call,
     # which puts private torch calls in Dynamo's graph and makes AOTAutograd skip its on-disk cache at every start.
+    # None: the kernel torch itself prefers on the device (`preferred_attention`).
     attention: str | None
 
 
@@ -179,9 +182,11 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
             return eager_denoise(model, video, audio, sigma, cond, fps, **extra)
         return accelerated(video, audio, sigma)
 
-    attention = spec.attention or preferred_attention(next(model.parameters()).device)
+    device = next(model.parameters()).device
+    attention = spec.attention or preferred_attention(device)
     if attention is None:
         return denoise
+    _decide_order(device)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     # First choice, then the others: diffusers' cuDNN backend made q/k/v contiguous, the plain one passes them
     # strided, and a layout cuDNN refused must fall back to another kernel, not fail with "no available kernel".
@@ -197,14 +202,29 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
 def preferred_attention(device: torch.device) -> str | None:
     """The SDPA kernel PyTorch itself puts first on `device` (module docstring): 'CUDNN_ATTENTION' on compute
     capability 9.0 / 10.0 / 10.3 with cuDNN newer than 9.15.0 (older ones mishandle sequence lengths that are not
-    multiples of 128) unless `TORCH_CUDNN_SDPA_DEPRIORITIZED` is set; None (the process's order) elsewhere."""
-    if device.type != "cuda" or os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "").lower() in ("1", "true", "on"):
+    multiples of 128), unless `TORCH_CUDNN_SDPA_DEPRIORITIZED=1` or cuDNN attention is switched off
+    (`torch.backends.cuda.enable_cudnn_sdp(False)`); None (the process's order) elsewhere."""
+    if device.type != "cuda" or os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED") == "1":
+        return None
+    if not torch.backends.cuda.cudnn_sdp_enabled() or not torch.backends.cudnn.is_available():
         return None
     major, minor = torch.cuda.get_device_capability(device)
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    cudnn = torch.backends.cudnn.version()
     if major in (9, 10) and minor in (0, 3) and cudnn is not None and cudnn > 91500:
         return "CUDNN_ATTENTION"
     return None
+
+
+_DECIDED: set[torch.device] = set()
+
+
+def _decide_order(device: torch.device) -> None:
+    """One tiny attention call on `device` outside any `sdpa_kernel` context, once per process: torch then settles
+    its own kernel order, which a context entered before that would leave undecided on exit (module docstring)."""
+    if device.type == "cuda" and device not in _DECIDED:
+        q = torch.zeros(1, 1, 8, 64, device=device, dtype=torch.bfloat16)
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        _DECIDED.add(device)
 
 
 def _name(spec: Mode) -> str:
