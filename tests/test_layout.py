@@ -135,10 +135,19 @@ def test_tiny_files_have_the_content_recorded(tiny_file):
         assert _canonical_digest(tiny_file(component)) == digest, component
 
 
+# Tolerances, relative to an output's mean |x|, of the outputs the sampler's steps feed. Eight + three steps of the
+# tiny random DiT amplify float32 rounding: an AVX2-only CPU (AMD EPYC) against the AVX-512 machine the figures were
+# recorded on gave 0.42 % (stage 1), 0.19 % (stage 2), 1.2 % (upsample, conv decode, compare), 2.3 % (diffusion
+# decode), 0.06 % (audio). One stage-1 sigma moved by 2 % (0.421875 → 0.43) moves stage 1's video by 5.9 %.
+AMPLIFIED = {"LTX25DistilledSampler": 1e-2, "LTX25AudioDecode": 1e-2, "LTX25LatentUpsample": 3e-2,
+             "LTX25ConvVAEDecode": 3e-2, "LTX25DecoderCompare": 3e-2, "LTX25DiffusionVAEDecode": 6e-2}
+
+
 def test_ab_graph_outputs_equal_those_recorded(tiny_models, tmp_path):
     """Every float output of the A/B graph at 128×128×9 (latents after each stage, both decodes, audio, compare)
     matches the summary recorded before the re-rooting: shape, mean, mean |x| and 16 spread samples, to 1e-4 of
-    each output's scale (summation order may differ between CPUs; a behaviour change moves them far more)."""
+    each output's scale, or for what the sampled latents feed to `AMPLIFIED`'s tolerance (the CPU's summation
+    order differs between instruction sets and the steps amplify it; a behaviour change moves them more)."""
     from nodes.comfy import bridge
     from nodes.tools.run import execute, load_prompt
 
@@ -160,6 +169,7 @@ def test_ab_graph_outputs_equal_those_recorded(tiny_models, tmp_path):
             got = [flat.mean().item(), flat.abs().mean().item()] + flat[torch.linspace(0, flat.numel() - 1, 16).long()].tolist()
             expected = [want["mean"], want["absmean"]] + want["samples"]
             worst = max(abs(a - b) for a, b in zip(got, expected)) / scale
-            assert list(value.shape) == want["shape"] and worst < 1e-4, (key, worst)
+            tolerance = AMPLIFIED.get(prompt[node_id]["class_type"], 1e-4)
+            assert list(value.shape) == want["shape"] and worst < tolerance, (key, worst, tolerance)
             seen.add(key)
     assert seen == set(GOLDEN["outputs"]), set(GOLDEN["outputs"]) ^ seen
