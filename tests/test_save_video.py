@@ -275,9 +275,9 @@ def test_a_prefix_that_cannot_be_saved_is_refused_when_the_run_is_queued(output_
 
 
 def test_the_headless_runner_refuses_a_save_prefix_before_running_any_node(output_dir, monkeypatch):
-    """graph.validate calls a node's VALIDATE_INPUTS with the constant inputs its signature names, as ComfyUI's
-    validate_prompt does: a run with a save that could never write stops before its first node, naming the node
-    and the input; a linked prefix is left to run time."""
+    """graph.validate calls a node's VALIDATE_INPUTS with the inputs its signature names, a linked one as None, as
+    ComfyUI's validate_prompt does: a run with a save that could never write stops before its first node, naming
+    the node and the input; a linked prefix is left to run time."""
     from nodes.tools import graph, run
 
     class Frames:
