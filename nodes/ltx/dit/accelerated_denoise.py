@@ -145,7 +145,8 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
     A denoiser sets the model's compiled state and attention backend for its own calls (graph modes: for their
     captures), so denoisers of different modes on one model do not disturb each other."""
     notify = notify or log.info
-    resolved = resolve_mode(mode, next(model.parameters()).device)
+    device = next(model.parameters()).device
+    resolved = resolve_mode(mode, device)
     if streamed(model) and resolved != "eager":
         # A graph replays fixed addresses and a compiled block would trace the streamer's hooks: a model whose
         # blocks stream runs eagerly (the copies, not the launches, bound its step time then).
@@ -182,7 +183,6 @@ def make_denoiser(model: torch.nn.Module, cond, fps: float, mode: str = "auto",
             return eager_denoise(model, video, audio, sigma, cond, fps, **extra)
         return accelerated(video, audio, sigma)
 
-    device = next(model.parameters()).device
     attention = spec.attention or preferred_attention(device)
     if attention is None:
         return denoise
