@@ -12,6 +12,7 @@ from nodes.comfy.handles import Loaded
 from nodes.ltx.decode import conv_vae as cv
 from nodes.ltx.decode import tiling
 from nodes.ltx.decode.tiling import TilingRequest, working_memory_request
+from nodes.ltx.device_memory import weight_bytes
 from nodes.ltx.files.assets import inspect_asset
 from test_bridge import FakePatcher as ResidentModel  # a model occupying fake device memory
 
@@ -101,3 +102,34 @@ def test_free_memory_leaves_out_cuda_graph_pools(monkeypatch):
     cuda = torch.device("cuda", 0)
     assert device_memory.graph_pool_idle_bytes(cuda) == int(1.5 * GIB)
     assert device_memory.free_bytes(cuda) == 2 * GIB + 4 * GIB - int(1.5 * GIB)
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_diffusion_decode_tiles_beside_the_transformer_instead_of_evicting_it(tiny_file, monkeypatch, bounded):
+    """As the conv decode: the diffusion decoder keeps the transformer when its tiles fit beside it doing bounded
+    extra work (its overlaps, the decoder's receptive field, make that work larger), else evicts it as before."""
+    from nodes.comfy.decode_diffusion import LTX25DiffusionVAEDecode
+    from nodes.ltx.decode import diffusion_vae as dv
+    from nodes.ltx.kernels.na_attention import make_processor
+    path = tiny_file("diffusion_vae")
+    vae = Loaded.register(dv.load_diffusion_vae(path, torch.float32), inspect_asset(path))
+    latent_shape, processor = (1, 128, 9, 6, 6), make_processor("auto", torch.device("cpu"), "test")
+    request = dv.default_request(vae.module)
+    untiled = dv.working_memory(vae.module, latent_shape, request, processor)
+    room = int(0.7 * untiled)
+    beside = dv.tiles_within(vae.module, latent_shape, request, room, processor, True)
+    assert beside is not None and beside[0] <= room and 1.0 < beside[1] <= tiling.MAX_WORK_TO_KEEP_LOADED, beside
+    if not bounded:
+        monkeypatch.setattr(tiling, "MAX_WORK_TO_KEEP_LOADED", beside[1] - 0.01)
+    transformer = ResidentModel(8 * GIB)
+    _card(monkeypatch, 8 * GIB + bridge.standalone.PLACEMENT_HEADROOM + weight_bytes(vae.module) + room)
+    bridge.load_models([transformer])
+    latent = {"samples": torch.randn(latent_shape, generator=torch.Generator().manual_seed(4))}
+    frames, pixels = request.overlap_frames, request.overlap_pixels
+    images, stats = LTX25DiffusionVAEDecode().decode(vae, latent, "auto", 0, 0, "auto", 80, 512, frames, pixels,
+                                                     0.0)["result"]
+    assert transformer.on_device is bounded, "kept loaded when the tiles' work is bounded, else evicted"
+    assert (stats.tile_count > 1) is bounded, stats
+    assert images.shape == (65, 192, 192, 3)
+    assert stats.extra["budget_bytes"] <= room if bounded else stats.extra["budget_bytes"] > untiled
+    bridge.unload_model(transformer)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from . import bridge
 from .handles import latent_for_decoder
-from .decode_tiling import tiling_inputs
+from .decode_tiling import ready_to_decode, tiling_inputs
 from ..ltx.decode.tiling import TilingRequest
 from ..ltx.device_memory import weight_bytes
 from ..ltx.kernels.na_attention import PROCESSORS, make_processor
@@ -20,7 +20,8 @@ PROCESSOR_INPUT = (list(PROCESSORS), {"default": "auto", "tooltip": (
     "rounding; speed and memory differ a lot.")})
 # 512 px and 80-frame manual tiles; the overlaps are the released decoder's smallest safe ones
 TILING_INPUTS = tiling_inputs(80, 512, 40, 160, "At least the decoder's receptive field (40 frames / 160 px for the "
-                              "released decoder); a smaller overlap is refused, as it would leave seams.")
+                              "released decoder); a smaller overlap is refused, as it would leave seams.",
+                              keeps_loaded=True)
 
 
 class LTX25DiffusionVAEDecode:
@@ -53,9 +54,15 @@ class LTX25DiffusionVAEDecode:
         request.check(NODE, weight_bytes(video_vae.module))
         # before the weights load: a processor that cannot run here is refused at once
         attention = make_processor(processor, bridge.compute_device(), f"{NODE}.processor")
-        vae = video_vae.ready(engine.working_memory(video_vae.module, tuple(samples.shape), request, attention))
+        # Room to decode untiled, or tiles that fit beside the loaded models rather than evicting the sampler's
+        # transformer; auto then plans within `free`.
+        shape, module = tuple(samples.shape), video_vae.module
+        on_device = bridge.intermediate_device().type == bridge.compute_device().type  # the frames stay there
+        vae, free = ready_to_decode(video_vae, request, engine.working_memory(module, shape, request, attention),
+                                    lambda budget: engine.tiles_within(module, shape, request, budget, attention,
+                                                                       on_device))
         images, stats = engine.decode(vae, samples, processor=attention, steps=steps, seed=seed, request=request,
-                                      free_memory=bridge.free_device_memory(),
+                                      free_memory=free,
                                       on_step=bridge.step_callback(1, "diffusion VAE decode"),
                                       out_device=bridge.intermediate_device(), where=NODE,
                                       check=bridge.check_interrupt)

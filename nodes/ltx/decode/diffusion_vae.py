@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 import torch
@@ -29,7 +29,7 @@ from ..kernels import na_attention
 from ..files.assets import Kind, expect_kind, read_state_dict
 from ..files.config import config_field
 from .stats import DecodeStats
-from .tiling import TilingRequest
+from .tiling import TilingRequest, work_ratio
 from ..device_memory import free_bytes, start_meter, weight_bytes
 from ..errors import LTX25Error
 from ..geometry import SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION
@@ -293,6 +293,21 @@ def working_memory(vae: DiffusionVAE, latent_shape: tuple[int, ...], request: Ti
     set, so model management frees more than a lean decode uses, never less."""
     request = request if request is not None and request.mode == "manual" else default_request(vae, "off")
     return memory_model(vae, latent_shape[0], processor).estimate(plan(vae, tuple(latent_shape[2:]), request, None))
+
+
+def tiles_within(vae: DiffusionVAE, latent_shape: tuple[int, ...], request: TilingRequest, budget: int,
+                 processor: na_attention.NeighborhoodAttnProcessor | None = None,
+                 frames_on_device: bool = False) -> tuple[int, float] | None:
+    """(estimated bytes, work ratio) of the `auto` tiles `decode` plans within `budget` bytes of working memory (the
+    request's overlaps, counted for `processor`), None when even its smallest tiles do not fit."""
+    batch, auto = latent_shape[0], replace(request, mode="auto")
+    try:
+        schedule = plan(vae, tuple(latent_shape[2:]), auto, budget, batch, processor, frames_on_device)
+    except LTX25Error:
+        return None
+    spans = [[span.length for span in axis] for axis in schedule.spans]
+    lengths = [axis[-1].pixels[1] - axis[0].pixels[0] for axis in schedule.spans]
+    return memory_model(vae, batch, processor, frames_on_device).estimate(schedule), work_ratio(spans, lengths)
 
 
 def plan(vae: DiffusionVAE, latent_thw: tuple[int, int, int], request: TilingRequest, budget_bytes: int | None,
