@@ -26,6 +26,7 @@ from .files.config import config_field
 from .errors import LTX25Error
 from .files.keymap import Drop, KeyMap, Rename, load_strict
 from .files.vae_layout import statistics_renames, unused_statistics
+from .cpu_convolutions import float32_convolutions
 from .stop_points import checked_before
 from .geometry import (AUDIO_BINS, AUDIO_CHANNELS, AUDIO_LATENTS_PER_SECOND, TEMPORAL_COMPRESSION,
                        audio_latent_frames, pixel_frames)
@@ -254,7 +255,8 @@ def decode_audio(vae: AudioVAE, latent: torch.Tensor, fps: float | None = None, 
     param = next(vae.decoder.parameters())
     blocks = [vae.decoder.mid, *vae.decoder.up, *(stage for vocoder in (vae.vocoder.vocoder, vae.vocoder.bwe_generator)
                                                  for stage in vocoder.upsamplers)]
-    with torch.inference_mode(), checked_before(blocks, check), cudnn_heuristics():
+    with torch.inference_mode(), checked_before(blocks, check), cudnn_heuristics(), \
+            float32_convolutions(param.device):
         shape = (1, LATENT_CHANNELS, 1, LATENT_BINS)     # statistics are (channel, bin)-major: index c·16 + f
         mean = vae.latents_mean.to(param.device, torch.float32).view(shape)
         std = vae.latents_std.to(param.device, torch.float32).view(shape)

@@ -20,6 +20,7 @@ from .files.keymap import KeyMap, load_strict
 from .geometry import VIDEO_CHANNELS
 from .latents import denormalize_video, normalize_video
 from .stop_points import checked_before
+from .cpu_convolutions import float32_convolutions
 
 # The native names are diffusers' names; the map is empty but `load_strict` still checks full coverage.
 KEY_MAP = KeyMap("latent upsampler")
@@ -136,7 +137,7 @@ def upsample_latent(upsampler: torch.nn.Module, latent: torch.Tensor, mean: torc
     interrupt)."""
     param = next(upsampler.parameters())
     blocks = [*upsampler.res_blocks, upsampler.upsampler, *upsampler.post_upsample_res_blocks]
-    with torch.inference_mode(), checked_before(blocks, check):
+    with torch.inference_mode(), checked_before(blocks, check), float32_convolutions(param.device):
         raw = denormalize_video(latent, mean, std, param.device)
         out = normalize_video(upsampler(raw.to(param.dtype)), mean, std)
     return out.to(output_device or latent.device, latent.dtype)

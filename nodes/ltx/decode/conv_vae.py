@@ -36,6 +36,7 @@ from ..device_memory import free_bytes, start_meter, weight_bytes
 from ..geometry import VIDEO_CHANNELS as LATENT_CHANNELS
 from .host_frames import HostFrames, host_copier
 from ..stop_points import checked_before
+from ..cpu_convolutions import float32_convolutions
 
 UPSAMPLER_KINDS = {"compress_all": "spatiotemporal", "compress_time": "temporal", "compress_space": "spatial"}
 _STRIDES = {"spatiotemporal": (2, 2, 2), "temporal": (2, 1, 1), "spatial": (1, 2, 2)}
@@ -212,7 +213,8 @@ def decode_conv(vae: ConvVideoVAE, latent: torch.Tensor, request: TilingRequest 
     meter, done = start_meter(device), 0
     to_host = host_copier(device)
     blocks = [vae.decoder.mid_block, *vae.decoder.up_blocks] if check is not None else []
-    with torch.inference_mode(), contextlib.ExitStack() as cleanup, checked_before(blocks, check):
+    with torch.inference_mode(), contextlib.ExitStack() as cleanup, checked_before(blocks, check), \
+            float32_convolutions(device):
         cleanup.callback(to_host.finish)
         z = denormalize_video(latent, vae.latents_mean, vae.latents_std, device).to(dtype)
         host = HostFrames((batch, frames, height, width, 3), prefault=device.type != "cpu")  # [B, F, H, W, 3]

@@ -25,6 +25,7 @@ from ..files.vae_layout import statistics_renames, unused_statistics
 from ..geometry import audio_latent_frames
 from ..stop_points import checked_before
 from .mel import log_mel, mel_frames, resample
+from ..cpu_convolutions import float32_convolutions
 
 READ_PREFIXES = ("audio_vae.encoder.", "audio_vae.per_channel_statistics.")
 KEY_MAP = KeyMap(
@@ -150,7 +151,7 @@ def encode_audio(encoder: AudioEncoder, waveform: torch.Tensor, sample_rate: int
     # the stages and the mid block are containers diffusers never calls: hook the blocks it does call
     blocks = [*(block for stage in encoder.encoder.down for block in stage.block),
               encoder.encoder.mid.block_1, encoder.encoder.mid.block_2] if check is not None else []
-    with torch.inference_mode(), checked_before(blocks, check):
+    with torch.inference_mode(), checked_before(blocks, check), float32_convolutions(param.device):
         audio = resample(waveform.to(param.device, torch.float32), sample_rate, encoder.sample_rate)
         mel = log_mel(audio, encoder.sample_rate, encoder.n_fft, encoder.config.mel_hop_length,
                       encoder.config.mel_bins)                                               # [B, C, M, 64]

@@ -33,6 +33,7 @@ from ..files.vae_layout import (block_params, check_compression, flat_block_rena
 from ..geometry import SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION, VIDEO_CHANNELS, latent_frames
 from ..latents import normalize_video
 from ..stop_points import checked_before
+from ..cpu_convolutions import float32_convolutions
 
 DOWNSAMPLER_KINDS = {"compress_space_res": "spatial", "compress_time_res": "temporal",
                      "compress_all_res": "spatiotemporal"}
@@ -272,7 +273,7 @@ def encode_video(encoder: VideoEncoder, pixels: torch.Tensor, request: TilingReq
     weights_h, weights_w = blend_weights(list(plan.rows), height), blend_weights(list(plan.cols), width)
     blocks = [*encoder.encoder.down_blocks, encoder.encoder.mid_block] if check is not None else []
     done = 0
-    with torch.inference_mode(), checked_before(blocks, check):
+    with torch.inference_mode(), checked_before(blocks, check), float32_convolutions(device):
         means = torch.zeros(batch, channels, frames, height, width, dtype=torch.float32, device=device)
         for (ti, (t0, t1)), (ri, (r0, r1)), (ci, (c0, c1)) in _indexed(plan):
             p0, p1 = temporal_pixels((t0, t1))
