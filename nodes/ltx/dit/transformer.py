@@ -26,6 +26,7 @@ import torch
 from diffusers import LTX2VideoTransformer3DModel
 
 from .. import compat
+from . import attention
 from ..files.assets import Kind, expect_kind, read_state_dict
 from ..files.config import REQUIRED, config_field
 from ..conditioning import Conditioning
@@ -200,6 +201,7 @@ class LTX25Transformer(torch.nn.Module):
         super().__init__()
         self.config, self.model_version = config, model_version
         self.dit = LTX2VideoTransformer3DModel(**config.diffusers_kwargs())
+        attention.install(self.dit)
         self.connectors = LTX25Connectors(config.connector)
         self._grids: dict[tuple, Grid] = {}
         self._context: tuple | None = None  # (conditioning, device, dtype, (video, audio))
