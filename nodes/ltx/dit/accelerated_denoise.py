@@ -94,7 +94,9 @@ MODES = {
 }
 SDPA_FALLBACKS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")  # after a mode's own kernel, in this order
 ACCELERATIONS = ("auto", "eager", "cuda_graph", "compile_cuda_graph")  # the sampler node's choices
-WARMUP_CALLS = 2   # before a capture: allocator, cuBLAS handles, lazy inits and (compile) the compilation itself
+# Forwards before a capture: allocator, cuBLAS handles, lazy inits and (compile) the compilation itself. A second
+# one replayed bit-identical graphs and cost a whole forward per capture (bench/diag_warmup_calls.py).
+WARMUP_CALLS = 1
 MAX_GRAPHS = 8     # per model, all views; beyond it the cache starts over (the dev two-stage workflow keeps 4)
 # `compile_repeated_blocks` → `torch.compile` options. No `dynamic`: the token counts are marked instead (module
 # docstring); fullgraph=False: diffusers' attention dispatch may break the graph, which is allowed.
