@@ -6,7 +6,7 @@ one process on the released config with random bf16 weights (issue 24: the defau
 
 Per size (`--sizes`, default 768x512x121 and 1920x1088x121) and stage: the median step in `cuda_graph` mode (the
 workflows' `auto`) and eager, with the fused processor (what the loader installs) and with diffusers' processor put
-back on every attention, run alternately; the velocities' max and mean difference between the two relative to their
+back on every attention, one after the other (the fused one first); the velocities' max and mean difference between the two relative to their
 scale. And one video q at stage 2's token count alone: diffusers' RMSNorm + `apply_split_rotary_emb` against the
 fused pass, with the bytes the fused pass must move (x read and written, cos and sin read) and the rate reached.
 """

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoAttnProcessor
 
 from guide_helpers import randn, stand_in_model
 from nodes.comfy.reference_video import LTX25ReferenceVideoGuide
 from nodes.comfy.sampling import LTX25DistilledSampler
 from nodes.ltx.dit import accelerated_denoise as A
+from nodes.ltx.dit.attention import FusedQKAttnProcessor  # what the loader installs
 from nodes.ltx.dit import guides as G
 from nodes.ltx.dit import reference_attention as R
 from nodes.ltx.errors import LTX25Error
@@ -78,7 +78,7 @@ def test_strength_one_without_a_mask_makes_no_matrix_and_runs_todays_forward(tra
              for b in transformer.dit.transformer_blocks]
     try:
         a, b = run(transformer, plain), run(transformer, explicit)
-        assert seen and set(seen) == {LTX2AudioVideoAttnProcessor}, set(seen)
+        assert seen and set(seen) == {FusedQKAttnProcessor}, set(seen)
         seen.clear()
         run(transformer, G.Guides(reference=(G.ReferenceGuide(reference, 1.0, 2, 2, attention_strength=0.5),)))
         assert seen and set(seen) == {R._BiasedSelfAttention}, set(seen)
@@ -86,7 +86,7 @@ def test_strength_one_without_a_mask_makes_no_matrix_and_runs_todays_forward(tra
         for hook in hooks:
             hook.remove()
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    assert all(type(b.attn1.processor) is LTX2AudioVideoAttnProcessor for b in transformer.dit.transformer_blocks)
+    assert all(type(b.attn1.processor) is FusedQKAttnProcessor for b in transformer.dit.transformer_blocks)
 
 
 # ---------------------------------------------------------------------------------------------------- the attention

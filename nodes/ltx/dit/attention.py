@@ -16,6 +16,9 @@ from ..kernels import qk_norm_rope
 
 
 class FusedQKAttnProcessor(LTX2AudioVideoAttnProcessor):
+    """diffusers' processor; a call with split rotary positions and no mask, on a GPU where the kernel runs and
+    outside `torch.compile`, norms and rotates q and k in one pass."""
+
     def __call__(self, attn: LTX2Attention, hidden_states: torch.Tensor,
                  encoder_hidden_states: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                  query_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -41,8 +44,8 @@ class FusedQKAttnProcessor(LTX2AudioVideoAttnProcessor):
 
 
 def install(model: torch.nn.Module) -> None:
-    """Every LTX-2 attention of `model` gets the fused processor (the perturbation and IC-LoRA wrappers call it as
-    their inner processor)."""
+    """Every LTX-2 attention of `model` gets the fused processor. The perturbation wrappers call it as their inner
+    processor; the IC-LoRA wrapper passes its bias as a mask, which keeps diffusers' path for that attention."""
     for module in model.modules():
         if isinstance(module, LTX2Attention):
             module.set_processor(FusedQKAttnProcessor())

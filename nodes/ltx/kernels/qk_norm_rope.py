@@ -15,8 +15,12 @@ interpreter on the CPU (tests/test_qk_norm_rope.py).
 """
 from __future__ import annotations
 
-import torch
+import logging
 
+import torch
+from diffusers.models.transformers.transformer_ltx2 import apply_split_rotary_emb
+
+from ..errors import LTX25Error
 from .na_triton import on_device
 
 try:  # optional, as for the pack's other kernels: without Triton the callers keep diffusers' path
@@ -24,6 +28,9 @@ try:  # optional, as for the pack's other kernels: without Triton the callers ke
     import triton.language as tl
 except ImportError:  # pragma: no cover - CPU builds of torch come without Triton
     triton = None
+
+log = logging.getLogger("ltx25")
+WHERE = "DiT attention (fused q/k norm and RoPE)"
 
 
 def _define_kernel():
@@ -58,12 +65,45 @@ def _define_kernel():
 
 
 _kernel = _define_kernel() if triton is not None else None
+_WORKS: dict[str, bool] = {}  # per device: whether the probe passed
 
 
 def available(x: torch.Tensor) -> bool:
-    """Whether the processor takes the fused pass for `x`: Triton is there and `x` is on a CUDA device. (Triton's
+    """Whether the processor takes the fused pass for `x`: Triton is there, `x` is on a CUDA device, and there
+    (checked once per device) a probe computes what diffusers' two steps do. A GPU where Triton cannot build or run
+    the kernel (no C compiler, pre-Ampere, ROCm) keeps diffusers' path instead of failing the DiT. (Triton's
     interpreter runs the kernel on the CPU too, for the tests, but far slower than diffusers' path.)"""
-    return _kernel is not None and x.is_cuda
+    if _kernel is None or not x.is_cuda:
+        return False
+    key = str(x.device)
+    if key not in _WORKS:
+        if torch.cuda.is_current_stream_capturing():
+            return False  # no probe inside a capture (the warm-up forward before every capture has run it)
+        _WORKS[key] = _probe(x.device)
+    return _WORKS[key]
+
+
+def _probe(device: torch.device) -> bool:
+    if device.type == "cuda" and (torch.version.hip is not None or torch.cuda.get_device_capability(device) < (8, 0)):
+        return False  # bf16 in Triton needs Ampere or newer; never built or measured on ROCm
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 4 * 16, generator=g).to(device, torch.bfloat16)
+    norm = torch.nn.RMSNorm(4 * 16, eps=1e-6).to(device, torch.bfloat16)
+    angles = torch.randn(2, 4, 3, 8, generator=g).to(device)
+    freqs = (angles.cos(), angles.sin())
+    try:
+        with torch.no_grad():
+            want = apply_split_rotary_emb(norm(x), freqs).float()
+            err = (norm_split_rope(x, norm, freqs).float() - want).abs().max().item()
+    except Exception as error:  # noqa: BLE001 - any build or launch failure: diffusers' path still works
+        log.warning("LTX-2.5: the fused q/k norm and RoPE kernel does not run on %s (%s: %s); the DiT uses "
+                    "diffusers' norm and RoPE there (slower)", device, type(error).__name__, str(error)[:200])
+        return False
+    if err > 2 * 2.0**-7 * want.abs().max().item():  # two bf16 roundings of the values' scale
+        log.warning("LTX-2.5: the fused q/k norm and RoPE kernel computed a wrong result on %s (max error %.3g); "
+                    "the DiT uses diffusers' norm and RoPE there", device, err)
+        return False
+    return True
 
 
 def norm_split_rope(x: torch.Tensor, norm: torch.nn.RMSNorm, freqs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -72,6 +112,12 @@ def norm_split_rope(x: torch.Tensor, norm: torch.nn.RMSNorm, freqs: tuple[torch.
     its last axis contiguous. A new tensor of x's shape and dtype."""
     cos, sin = freqs
     batch, tokens, width = x.shape
+    if cos.ndim != 4 or sin.shape != cos.shape or cos.shape[0] not in (1, batch) or cos.shape[2] != tokens \
+            or cos.shape[1] * 2 * cos.shape[3] != width:
+        raise LTX25Error(WHERE, "the rotary tables (cos, sin)", f"{list(cos.shape)} and {list(sin.shape)}",
+                         f"[{batch} or 1, heads, {tokens}, head_dim / 2] each, heads × head_dim = {width}")
+    if norm.weight is not None and norm.weight.numel() != width:
+        raise LTX25Error(WHERE, "the norm's weight", list(norm.weight.shape), f"[{width}]")
     heads, half = cos.shape[1], cos.shape[3]
     if x.stride(2) != 1:
         x = x.contiguous()
@@ -79,7 +125,7 @@ def norm_split_rope(x: torch.Tensor, norm: torch.nn.RMSNorm, freqs: tuple[torch.
     cos, sin = cos.expand(batch, -1, -1, -1), sin.expand(batch, -1, -1, -1)  # batch 1 tables: stride 0
     out = torch.empty((batch, tokens, width), dtype=x.dtype, device=x.device)
     eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
-    weight = norm.weight if norm.weight is not None else x  # not read without a weight
+    weight = norm.weight.contiguous() if norm.weight is not None else x  # not read without a weight
     with on_device(x.device):
         _kernel[(batch * tokens,)](x, out, weight, cos, sin, tokens, heads, float(eps), x.stride(0), x.stride(1),
                                    out.stride(0), out.stride(1), cos.stride(0), cos.stride(1), cos.stride(2),
