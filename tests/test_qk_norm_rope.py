@@ -148,7 +148,7 @@ def test_masked_compiled_and_interleaved_calls_keep_diffusers_path(transformer, 
         assert len(used) == 2, "the plain call fuses q and k"
 
 
-def test_the_probe_decides_once_whether_the_kernel_runs(monkeypatch, caplog):
+def test_a_device_where_the_kernel_fails_its_probe_keeps_diffusers_path(monkeypatch, caplog):
     """A device where the kernel cannot build or computes something else keeps diffusers' path, with one warning:
     the probe passes in the interpreter, and fails on a launch error or a wrong result."""
     assert qk_norm_rope._probe(torch.device("cpu"))
