@@ -65,7 +65,7 @@ def _define_kernel():
 
 
 _kernel = _define_kernel() if triton is not None else None
-_WORKS: dict[str, bool] = {}  # per device: whether the probe passed
+_WORKS: dict[torch.device, bool] = {}  # per device: whether the probe passed
 
 
 def available(x: torch.Tensor) -> bool:
@@ -75,12 +75,12 @@ def available(x: torch.Tensor) -> bool:
     interpreter runs the kernel on the CPU too, for the tests, but far slower than diffusers' path.)"""
     if _kernel is None or not x.is_cuda:
         return False
-    key = str(x.device)
-    if key not in _WORKS:
+    works = _WORKS.get(x.device)  # asked by every rotary attention call: a lookup, no string
+    if works is None:
         if torch.cuda.is_current_stream_capturing():
             return False  # no probe inside a capture (the warm-up forward before every capture has run it)
-        _WORKS[key] = _probe(x.device)
-    return _WORKS[key]
+        works = _WORKS[x.device] = _probe(x.device)
+    return works
 
 
 def _probe(device: torch.device) -> bool:
