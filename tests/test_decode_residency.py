@@ -115,7 +115,9 @@ def test_diffusion_decode_tiles_beside_the_transformer_instead_of_evicting_it(ti
     vae = Loaded.register(dv.load_diffusion_vae(path, torch.float32), inspect_asset(path))
     latent_shape, processor = (1, 128, 9, 6, 6), make_processor("auto", torch.device("cpu"), "test")
     request = dv.default_request(vae.module)
-    untiled = dv.working_memory(vae.module, latent_shape, request, processor)
+    untiled = dv.working_memory(vae.module, latent_shape, request, processor, True)  # CPU: the frames stay there
+    assert untiled - dv.working_memory(vae.module, latent_shape, request, processor) == 65 * 192 * 192 * 3 * 4, \
+        "the untiled request counts the float32 frames kept on the device, as the tiles' does"
     room = int(0.7 * untiled)
     beside = dv.tiles_within(vae.module, latent_shape, request, room, processor, True)
     assert beside is not None and beside[0] <= room and 1.0 < beside[1] <= tiling.MAX_WORK_TO_KEEP_LOADED, beside

@@ -58,7 +58,8 @@ class LTX25DiffusionVAEDecode:
         # transformer; auto then plans within `free`.
         shape, module = tuple(samples.shape), video_vae.module
         on_device = bridge.intermediate_device().type == bridge.compute_device().type  # the frames stay there
-        vae, free = ready_to_decode(video_vae, request, engine.working_memory(module, shape, request, attention),
+        untiled = engine.working_memory(module, shape, request, attention, on_device)
+        vae, free = ready_to_decode(video_vae, request, untiled,
                                     lambda budget: engine.tiles_within(module, shape, request, budget, attention,
                                                                        on_device))
         images, stats = engine.decode(vae, samples, processor=attention, steps=steps, seed=seed, request=request,

@@ -286,13 +286,16 @@ def default_request(vae: DiffusionVAE, mode: str = "auto") -> TilingRequest:
 
 
 def working_memory(vae: DiffusionVAE, latent_shape: tuple[int, ...], request: TilingRequest | None = None,
-                   processor: na_attention.NeighborhoodAttnProcessor | None = None) -> int:
+                   processor: na_attention.NeighborhoodAttnProcessor | None = None,
+                   frames_on_device: bool = False) -> int:
     """Bytes a decode of `[B, 128, T, H, W]` needs beyond the weights: the manual tiles' for a `manual` request,
     else the untiled decode's — what model management is asked to free before the decode (auto tiling then plans
     within whatever is actually free). Counted for `processor`; None assumes diffusers' blocks' larger working
-    set, so model management frees more than a lean decode uses, never less."""
+    set, so model management frees more than a lean decode uses, never less. `frames_on_device`: the output frames
+    stay on the decode's device (counted as `tiles_within` and `decode` count them)."""
     request = request if request is not None and request.mode == "manual" else default_request(vae, "off")
-    return memory_model(vae, latent_shape[0], processor).estimate(plan(vae, tuple(latent_shape[2:]), request, None))
+    return memory_model(vae, latent_shape[0], processor, frames_on_device).estimate(
+        plan(vae, tuple(latent_shape[2:]), request, None))
 
 
 def tiles_within(vae: DiffusionVAE, latent_shape: tuple[int, ...], request: TilingRequest, budget: int,
