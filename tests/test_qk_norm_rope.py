@@ -93,15 +93,13 @@ def test_the_processor_computes_what_diffusers_processor_does(transformer, monke
             hook.remove()
     rotary = [(m, a, kw) for m, a, kw in calls if kw.get("query_rotary_emb") is not None]
     assert len(rotary) == len(transformer.dit.transformer_blocks) * 4
-    monkeypatch.setattr(qk_norm_rope, "available", lambda x: True)  # the CPU, in Triton's interpreter
+    used = _forced(monkeypatch)
     with torch.no_grad():
         for module, args, kwargs in rotary:
             want = LTX2AudioVideoAttnProcessor()(module, *args, **kwargs)
             got = attention.FusedQKAttnProcessor()(module, *args, **kwargs)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
-    used = []
-    real = qk_norm_rope.norm_split_rope
-    monkeypatch.setattr(qk_norm_rope, "norm_split_rope", lambda *args: used.append(1) or real(*args))
+    used.clear()
     fused = T.denoise(transformer, video, audio, 0.7, cond, 24.0)
     assert len(used) == 2 * len(rotary), "q and k of every rotary attention"
     for got, want in zip(fused, plain):

@@ -16,10 +16,9 @@ from typing import ContextManager
 import torch
 from torch.overrides import TorchFunctionMode
 
+# torch.nn.functional's convolutions are these same objects (what nn.Conv*d calls)
 _CONVOLUTIONS = {torch.conv1d, torch.conv2d, torch.conv3d, torch.conv_transpose1d, torch.conv_transpose2d,
-                 torch.conv_transpose3d, torch.nn.functional.conv1d, torch.nn.functional.conv2d,
-                 torch.nn.functional.conv3d, torch.nn.functional.conv_transpose1d,
-                 torch.nn.functional.conv_transpose2d, torch.nn.functional.conv_transpose3d}
+                 torch.conv_transpose3d}
 _HALF = (torch.bfloat16, torch.float16)
 
 
