@@ -206,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
             if not valid:
                 continue
             executor = boot.new_executor()
-            executor.execute(prompt, name, {"client_id": None}, outputs)
+            # ComfyUI takes the outputs from a set, ordered by the hash seed; in node-id order the run is the same
+            # each time, and in the shipped A/B graph that order lists the compare first (the worst for the saves)
+            executor.execute(prompt, name, {"client_id": None}, sorted(outputs, key=lambda i: (len(i), i)))
             entry["success"] = bool(executor.success)
             entry["messages"] = [[event, {k: v for k, v in data.items() if k != "current_inputs"}]
                                  for event, data in executor.status_messages if event != "execution_cached"]

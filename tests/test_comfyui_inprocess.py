@@ -97,6 +97,20 @@ def test_pack_nodes_run_in_inference_mode_inside_the_executor(report, name):
 
 
 @pytest.mark.parametrize("name", RUN_TEMPLATES)
+def test_comfyui_decodes_the_audio_before_the_video(report, name):
+    """ComfyUI's executor runs a ready async node first, so the audio decode (a coroutine for that reason) runs
+    before every video decode of its clip, whatever order ComfyUI's hash-ordered set of outputs gives the rest:
+    each save, which takes the audio, can then start as soon as its frames are decoded. Fails if the audio decode
+    becomes a plain function: the driver hands the outputs over in node-id order, which lists the A/B graph's
+    compare first, and then ComfyUI's fallback order reaches both decoders before the audio."""
+    kinds = [c["class_type"] for c in _executed(report, name)["node_calls"]]  # in the order the calls started
+    audio = [i for i, kind in enumerate(kinds) if kind == "LTX25AudioDecode"]
+    video = [i for i, kind in enumerate(kinds) if kind.endswith("VAEDecode")]
+    assert video and (audio or name == "ltx25_a2v_distilled"), f"{name}: decodes that ran: {kinds}"
+    assert all(a < v for a in audio for v in video), f"{name}: {kinds}"
+
+
+@pytest.mark.parametrize("name", RUN_TEMPLATES)
 def test_every_model_that_computes_was_loaded_by_comfy_model_management(report, name):
     """Each model handle a loader returns carries a real `comfy.model_patcher.ModelPatcher`, and every one whose
     module ran a forward pass during the run went through ComfyUI's `load_models_gpu` (so ComfyUI can place,

@@ -4,6 +4,7 @@ offers no cfg, and loader widgets list the shared vae/ folder by kind. The real 
 (tests/test_comfyui_core.py); here core's NestedTensor is stood in for by an object with the two members read."""
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from types import SimpleNamespace
@@ -66,9 +67,9 @@ def test_audio_decode_takes_the_audio_stream_of_a_core_joint_latent(tiny_models)
     audio latent alone. Fails when the node refuses the nested samples or picks the video stream."""
     video, audio = _pair()
     vae = LTX25AudioVAELoader().load(NAME["audio_vae"], "fp32")[0]
-    alone = LTX25AudioDecode().decode(vae, audio)[0]["waveform"]
+    alone = asyncio.run(LTX25AudioDecode().decode(vae, audio))[0]["waveform"]
     joint = {**video, **audio, "samples": CoreNested(video["samples"], audio["samples"])}
-    from_joint = LTX25AudioDecode().decode(vae, joint)[0]["waveform"]
+    from_joint = asyncio.run(LTX25AudioDecode().decode(vae, joint))[0]["waveform"]
     assert from_joint.shape == alone.shape and torch.equal(from_joint, alone)
 
 

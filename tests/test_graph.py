@@ -258,3 +258,54 @@ def test_the_runner_can_be_called_from_async_code():
         return run.execute(API, CLASSES)
 
     assert asyncio.run(inside())["outputs"]["2"] == ("12!",)
+
+
+def _run_order(prompt: dict, classes, monkeypatch) -> list[str]:
+    """The node classes of `prompt` replaced by stand-ins that only record when they start (async where the
+    pack's are), run by the runner: the order it starts the nodes in. (Not validated: the loaders' lists of files
+    are empty here.)"""
+    monkeypatch.setattr(run, "validate", lambda prompt, classes: None)
+    started: list[str] = []
+
+    def stand_in(node_class: type) -> type:
+        def call(self, **inputs):
+            started.append(inputs["unique_id"])
+            return (None,) * len(node_class.RETURN_TYPES)
+
+        async def call_async(self, **inputs):
+            return call(self, **inputs)
+
+        hidden = {"hidden": {"unique_id": "UNIQUE_ID"}}
+        return type(node_class.__name__, (), {
+            "RETURN_TYPES": node_class.RETURN_TYPES, "OUTPUT_NODE": getattr(node_class, "OUTPUT_NODE", False),
+            "FUNCTION": "call", "INPUT_TYPES": classmethod(lambda cls: {**node_class.INPUT_TYPES(), **hidden}),
+            "call": call_async if run.is_async(node_class) else call})
+
+    run.execute(prompt, {name: stand_in(node_class) for name, node_class in classes.items()})
+    return started
+
+
+API_WORKFLOWS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workflows", "api")
+WITH_AUDIO_DECODE = sorted(f for f in os.listdir(API_WORKFLOWS)  # the A2V template saves the audio it was given
+                           if f.endswith(".json") and "LTX25AudioDecode" in open(os.path.join(API_WORKFLOWS, f)).read())
+
+
+def test_the_shipped_templates_decode_audio():
+    assert len(WITH_AUDIO_DECODE) >= 7, WITH_AUDIO_DECODE
+
+
+@pytest.mark.parametrize("name", WITH_AUDIO_DECODE)
+def test_the_audio_is_decoded_before_the_video_so_each_save_starts_when_its_frames_are_decoded(name, monkeypatch):
+    """Every save takes the decoded audio. The audio decode is a coroutine, so the runner, following ComfyUI's pick
+    (a ready async node first), decodes it as soon as its latent is sampled, before any video decode. Decoded last
+    (the runner's dependency order; in ComfyUI, whenever the hash seed lists the compare first among the outputs),
+    it held every save of the A/B graph until after the compare. Fails if the audio decode becomes a plain
+    function."""
+    classes = {**run.core_standins.CLASSES, **run.NODE_CLASS_MAPPINGS}  # as the runner's command line has them
+    prompt = run.load_prompt(os.path.join(API_WORKFLOWS, name), classes)
+    order = _run_order(prompt, classes, monkeypatch)  # the nodes an output needs (extend's has one unused decode)
+    kinds = {node_id: prompt[node_id]["class_type"] for node_id in order}
+    audio = [order.index(n) for n, kind in kinds.items() if kind == "LTX25AudioDecode"]
+    video = [order.index(n) for n, kind in kinds.items() if kind.endswith("VAEDecode")]
+    assert audio and video, f"{name}: {kinds}"
+    assert all(a < v for a in audio for v in video), [(order[p], kinds[order[p]]) for p in sorted(audio + video)]

@@ -5,6 +5,7 @@ computes), turns Ctrl-C into an interrupt at the next step; and an interrupt at 
 next run clean and identical."""
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
@@ -183,7 +184,7 @@ def test_the_nodes_hand_the_bridge_check_to_their_stop_points(tiny_file, monkeyp
     LTX25LatentUpsample().upsample(loaded("upsampler", ups.load_upsampler), conv,
                                    {"samples": torch.randn(1, 128, 2, 2, 2), "frame_rate": 24.0})
     counts["upsample"], checks.calls = checks.calls, 0
-    LTX25AudioDecode().decode(loaded("audio_vae", load_audio_vae), {"samples": torch.randn(1, 8, 18, 16)})
+    asyncio.run(LTX25AudioDecode().decode(loaded("audio_vae", load_audio_vae), {"samples": torch.randn(1, 8, 18, 16)}))
     counts["audio decode"], checks.calls = checks.calls, 0
     frames = torch.rand(24, 16, 16, 3)
     LTX25DecoderCompare().compare(frames, frames, "a", "b", "side_by_side", False)
