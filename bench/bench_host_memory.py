@@ -405,16 +405,18 @@ def full_size(parts: dict) -> dict:
     return full
 
 
-def scaled(cases: dict, parts: dict, full: dict) -> dict:
+def scaled(cases: dict, parts: dict, full: dict, on_device: bool) -> dict:
     """Each case's VmHWM with the released files: the measured one plus the bytes the released files add (the
     blocks and layers left out), each held once as the measured blocks are; activations do not grow with depth, and
     Gemma's embedding table is already whole in the reduced file. A first guess, exact only where each weight is
     held once (the CPU cases), an upper bound where a case reads part of a file only (on the CPU the bridge case
-    never reads the transformer's weights). The `placed_*` cases are left out: what they map at once does not grow
-    with depth once pages are released (`second_prompt` uses it as measured)."""
+    never reads the transformer's weights). On a GPU the bridge case's Gemma goes to the device, its file pages
+    given back, so only the DiT's left-out blocks (its pinned host copy once evicted) are added; Gemma's share
+    streamed from pinned memory on a card it does not fit is `second_prompt`'s. The `placed_*` cases are left out:
+    what they map at once does not grow with depth once pages are released (`second_prompt` uses it as measured)."""
     files = {"dit_as_stored": [("dit", "dit_bf16_gib")], "dit_bf16": [("dit", "dit_bf16_gib")],
              "dit_nvfp4": [("dit_nvfp4", "dit_nvfp4_gib")], "text_encoder": [("te", "text_encoder_gib")],
-             "bridge": [("dit", "dit_bf16_gib"), ("te", "text_encoder_gib")]}
+             "bridge": [("dit", "dit_bf16_gib")] + ([] if on_device else [("te", "text_encoder_gib")])}
     out = {}
     for name, case in cases.items():
         if "stages" not in case or name not in files:
@@ -425,7 +427,7 @@ def scaled(cases: dict, parts: dict, full: dict) -> dict:
     return out
 
 
-def second_prompt(cases: dict, full: dict, parts: dict, released: bool) -> dict:
+def second_prompt(cases: dict, full: dict, parts: dict, released: bool, on_device: bool) -> dict:
     """VmHWM at the second new prompt on a 24 GiB card that evicts the DiT for the decoders: the evicted DiT's pinned
     copy (all of it), Gemma's streamed share pinned (`STREAMED_SHARE_24GIB`, read from the code: docs/PERFORMANCE.md)
     and the most of Gemma's file mapped at once while it is placed (`placed_te`: its VmHWM above the loaded stage).
@@ -439,9 +441,19 @@ def second_prompt(cases: dict, full: dict, parts: dict, released: bool) -> dict:
     mapped_full = mapped if released else mapped * full["text_encoder_gib"] * GiB / parts["te"]["file"]
     pinned = {k: full[k] + STREAMED_SHARE_24GIB * full["text_encoder_gib"] for k in ("dit_bf16_gib", "dit_nvfp4_gib")
               if k in full}
-    return {"gemma_mapped_peak_gib": round(mapped, 2), "gemma_mapped_peak_full_size_gib": round(mapped_full, 2),
-            "pinned_gib": {k: round(v, 1) for k, v in pinned.items()},
-            "VmHWM_gib": {k: round(v + mapped_full, 1) for k, v in pinned.items()}}
+    out = {"gemma_mapped_peak_gib": round(mapped, 2), "gemma_mapped_peak_full_size_gib": round(mapped_full, 2),
+           "pinned_gib": {k: round(v, 1) for k, v in pinned.items()},
+           "VmHWM_gib": {k: round(v + mapped_full, 1) for k, v in pinned.items()}}
+    bridge = cases.get("bridge", {})
+    if on_device and "stages" in bridge:
+        # The bridge case's own peak (the process, its imports and CUDA's host memory, the evicted DiT's pinned
+        # copy, Gemma's mapped pages), with the DiT's left-out blocks and Gemma's streamed share on a 24 GiB card
+        # added (the reduced Gemma fits the bench's card whole, so nothing of it streamed there)
+        measured = bridge["stages"][-1]["VmHWM"] / GiB
+        out["from_bridge_VmHWM_gib"] = {k: round(measured + full[k] - parts["dit"]["file"] / GiB
+                                                 + STREAMED_SHARE_24GIB * full["text_encoder_gib"], 1)
+                                        for k in ("dit_bf16_gib", "dit_nvfp4_gib") if k in full}
+    return out
 
 
 def main() -> int:
@@ -507,8 +519,10 @@ def main() -> int:
               f"{(last['sampled_peak']['RssFile'] - first['RssFile']) / GiB:.2f} GiB (files "
               f"{sum(sizes.values()) / GiB:.2f} GiB)", file=sys.stderr)
     result["full_size"] = full_size(parts)
-    result["scaled_to_full_size"] = scaled(result["cases"], parts, result["full_size"])
-    result["second_prompt"] = second_prompt(result["cases"], result["full_size"], parts, not args.keep_pages)
+    on_device = result["device"] != "cpu"
+    result["scaled_to_full_size"] = scaled(result["cases"], parts, result["full_size"], on_device)
+    result["second_prompt"] = second_prompt(result["cases"], result["full_size"], parts, not args.keep_pages,
+                                            on_device)
     result["seconds"] = round(time.time() - started, 1)
     text = json.dumps(result, indent=1)
     if args.out:
