@@ -2,7 +2,10 @@
 the whole `save_mp4`, one clip alone and the A/B graph's three at once (two W×H clips and the 2W×H side by side, on
 threads as the graph's async saves run), on noise (random-weight decodes) and a smooth gradient.
 
-    python bench/diag_save_parts.py [--frames 121 --size 768x512] [--out FILE.json]
+    python bench/diag_save_parts.py [--frames 121 --size 768x512] [--contents noise,smooth] [--converters 1,3]
+                                    [--out FILE.json]
+
+`--converters` runs the whole saves once per count of conversion threads (`mp4.CONVERTERS`).
 """
 from __future__ import annotations
 
@@ -49,6 +52,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--frames", type=int, default=121)
     parser.add_argument("--size", default="768x512")
+    parser.add_argument("--contents", default="noise,smooth")
+    parser.add_argument("--converters", default=str(mp4.CONVERTERS))
     parser.add_argument("--out")
     args = parser.parse_args()
     width, height = (int(v) for v in args.size.split("x"))
@@ -60,7 +65,7 @@ def main() -> None:
         print(f"[save-parts] {json.dumps(row)}", flush=True)
 
     audio = np.zeros((2, round(args.frames / 24 * 48000)), dtype=np.float32)
-    for content in ("noise", "smooth"):
+    for content in args.contents.split(","):
         single = (np.random.default_rng(0).random((args.frames, height, width, 3), dtype=np.float32)
                   if content == "noise" else smooth(args.frames, height, width))
         wide = np.concatenate([single, single[:, :, ::-1]], axis=2)
@@ -74,8 +79,11 @@ def main() -> None:
                     wall, cpu = timed(lambda: x264_only(path, pictures, frames.shape[2], frames.shape[1], options))
                     report(content=content, clip=name, part=f"x264_{label}", seconds=wall, cpu_seconds=cpu,
                            megabytes=os.path.getsize(path) / 1e6)
-                wall, cpu = timed(lambda: mp4.save_mp4(mp4.reserve(folder, name), frames, 24.0, audio))
-                report(content=content, clip=name, part="save_mp4", seconds=wall, cpu_seconds=cpu)
+                for converters in (int(n) for n in args.converters.split(",")):
+                    mp4.CONVERTERS = converters
+                    wall, cpu = timed(lambda: mp4.save_mp4(mp4.reserve(folder, name), frames, 24.0, audio))
+                    report(content=content, clip=name, part="save_mp4", converters=converters, seconds=wall,
+                           cpu_seconds=cpu)
 
             ends: dict[str, float] = {}
 
@@ -89,9 +97,11 @@ def main() -> None:
                     for label, frames in (("conv", single), ("diffusion", single), ("compare", wide)):
                         pool.submit(save, label, frames, start)
 
-            wall, cpu = timed(three)
-            report(content=content, clip="three_at_once", part="save_mp4", seconds=wall, cpu_seconds=cpu,
-                   ends={key: round(value, 3) for key, value in ends.items()})
+            for converters in (int(n) for n in args.converters.split(",")):
+                mp4.CONVERTERS = converters
+                wall, cpu = timed(three)
+                report(content=content, clip="three_at_once", part="save_mp4", converters=converters, seconds=wall,
+                       cpu_seconds=cpu, ends={key: round(value, 3) for key, value in ends.items()})
     if args.out:
         with open(args.out, "w") as handle:
             json.dump({"frames": args.frames, "size": args.size, "cpus": os.cpu_count(), "rows": rows}, handle,

@@ -38,7 +38,11 @@ PART_SUFFIX = ".part"
 # x264's "veryfast" at crf 17: several times faster than the default "medium" on noise-like frames and faster on
 # smooth ones (docs/PERFORMANCE.md); the crf keeps the quality, the files grow a little.
 X264_PRESET = "veryfast"
-CONVERT_AHEAD = 4  # frames converted to yuv420p ahead of the encoder, on a thread of their own (each a few MB)
+# Frames are converted to yuv420p on CONVERTERS threads, up to CONVERT_AHEAD frames ahead of the encoder (a few MB
+# each). numpy and swscale release the GIL; on smooth (real) frames the conversion costs more than x264 itself, so
+# one converter bounded the save (docs/PERFORMANCE.md, "where a save's time goes").
+CONVERTERS = 3
+CONVERT_AHEAD = 8
 AUDIO_SLACK_S = 0.1  # audio shorter or longer than the video by more than this is logged (the VAE's gap is ≤ 50 ms)
 
 
@@ -211,7 +215,7 @@ def _picture(frames: np.ndarray, index: int) -> av.VideoFrame:
 
 def _encode(path: str, frames: np.ndarray, rate: Fraction, audio: np.ndarray | None, sample_rate: int,
             metadata: Mapping[str, str], crf: int, check: Callable[[], None] | None) -> None:
-    """One x264 with its own frame threads; the frames converted to yuv420p a few ahead on a helper thread (in the
+    """One x264 with its own frame threads; the frames converted to yuv420p a few ahead on helper threads (in the
     encoding thread that conversion ran between x264's frame encodes, with x264 idle); the AAC encoded beside the
     video on another (after it, it was the save's serial tail)."""
     container = av.open(path, mode="w", format="mp4", options={"movflags": "use_metadata_tags"})
@@ -226,7 +230,7 @@ def _encode(path: str, frames: np.ndarray, rate: Fraction, audio: np.ndarray | N
         if audio is not None:
             sound = container.add_stream("aac", rate=sample_rate, layout="stereo" if audio.shape[0] == 2 else "mono")
         container.start_encoding()  # every encoder opened here, before the audio's is used on a thread of its own
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ltx25-save") as helpers:
+        with ThreadPoolExecutor(max_workers=CONVERTERS + 1, thread_name_prefix="ltx25-save") as helpers:
             sound_packets = helpers.submit(_encode_audio, sound, audio, sample_rate) if sound is not None else None
             ahead: deque = deque()
             for index in range(frames.shape[0]):
