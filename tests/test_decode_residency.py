@@ -13,6 +13,7 @@ from nodes.ltx.decode import conv_vae as cv
 from nodes.ltx.decode import tiling
 from nodes.ltx.decode.tiling import TilingRequest, working_memory_request
 from nodes.ltx.device_memory import weight_bytes
+from nodes.ltx.errors import LTX25Error
 from nodes.ltx.files.assets import inspect_asset
 from test_bridge import FakePatcher as ResidentModel  # a model occupying fake device memory
 
@@ -135,3 +136,18 @@ def test_diffusion_decode_tiles_beside_the_transformer_instead_of_evicting_it(ti
     assert images.shape == (65, 192, 192, 3)
     assert stats.extra["budget_bytes"] <= room if bounded else stats.extra["budget_bytes"] > untiled
     bridge.unload_model(transformer)
+
+
+def test_tiles_within_says_none_fit_only_for_a_budget_below_the_smallest_tiles(tiny_file):
+    """`tiles_within` answers None (evict, then decode) when no tiles fit the room, and lets any other planning
+    error through: an overlap below the decoder's reach is the user's input to fix, not a reason to evict."""
+    from dataclasses import replace
+
+    from nodes.ltx.decode import diffusion_vae as dv
+    path = tiny_file("diffusion_vae")
+    vae = dv.load_diffusion_vae(path, torch.float32)
+    latent_shape, request = (1, 128, 9, 6, 6), dv.default_request(vae)
+    assert dv.tiles_within(vae, latent_shape, request, 1) is None
+    min_frames, _ = vae.config.geometry().min_overlap
+    with pytest.raises(LTX25Error, match="the tile overlap"):
+        dv.tiles_within(vae, latent_shape, replace(request, overlap_frames=min_frames - 1), 1)
