@@ -228,6 +228,18 @@ def test_only_output_nodes_and_their_inputs_run():
         run.execute({"1": API["1"]}, CLASSES)
 
 
+def test_only_the_inputs_of_what_runs_are_validated_as_in_comfyui():
+    """ComfyUI's validate_prompt checks the inputs of the outputs and what they depend on, so a prompt runs with an
+    unconnected node that would not validate (a loader whose file this machine lacks, a half-wired node); a node of
+    an unknown class is refused wherever it is."""
+    loose = {**API, "7": {"class_type": "MakeNumber", "inputs": {"value": 99, "seed": 0, "mode": "add"}}}
+    assert run.execute(loose, CLASSES)["outputs"]["2"] == ("12!",)
+    with pytest.raises(GraphError, match="out of range|max"):
+        validate(loose, CLASSES)
+    with pytest.raises(GraphError, match="unknown node class"):
+        run.execute({**API, "7": {"class_type": "Nowhere", "inputs": {}}}, CLASSES)
+
+
 def test_a_failing_async_node_fails_the_run():
     SlowSave.events = []
     broken = json.loads(json.dumps(ASYNC_API))
@@ -264,7 +276,7 @@ def _run_order(prompt: dict, classes, monkeypatch) -> list[str]:
     """The node classes of `prompt` replaced by stand-ins that only record when they start (async where the
     pack's are), run by the runner: the order it starts the nodes in. (Not validated: the loaders' lists of files
     are empty here.)"""
-    monkeypatch.setattr(run, "validate", lambda prompt, classes: None)
+    monkeypatch.setattr(run, "validate", lambda prompt, classes, only=None: None)
     started: list[str] = []
 
     def stand_in(node_class: type) -> type:

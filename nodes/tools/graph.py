@@ -6,7 +6,7 @@ API format: `{node_id: {"class_type": str, "inputs": {name: value | [source_id, 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")
 
@@ -77,13 +77,22 @@ def ui_to_api(workflow: Mapping[str, Any], classes: Mapping[str, type]) -> dict[
     return prompt
 
 
-def validate(prompt: Mapping[str, dict], classes: Mapping[str, type]) -> None:
-    """Raise GraphError for: unknown class, missing required input, dangling link, wrong link type, bad combo
-    value, out-of-range number, wrong widget type, and what a node's own VALIDATE_INPUTS refuses."""
+def check_classes(prompt: Mapping[str, dict], classes: Mapping[str, type]) -> None:
+    """Raise GraphError for a node of an unknown class anywhere in the prompt (ComfyUI refuses such a prompt)."""
     for node_id, node in prompt.items():
-        class_type = node.get("class_type")
-        if class_type not in classes:
-            raise GraphError(node_id, str(class_type), None, "unknown node class")
+        if node.get("class_type") not in classes:
+            raise GraphError(node_id, str(node.get("class_type")), None, "unknown node class")
+
+
+def validate(prompt: Mapping[str, dict], classes: Mapping[str, type], only: Collection[str] | None = None) -> None:
+    """Raise GraphError for: unknown class, missing required input, dangling link, wrong link type, bad combo
+    value, out-of-range number, wrong widget type, and what a node's own VALIDATE_INPUTS refuses. The inputs are
+    checked for the nodes in `only` (default: all); ComfyUI's validate_prompt checks those of the nodes its outputs
+    need, and runs a prompt whose unconnected nodes would not validate."""
+    check_classes(prompt, classes)
+    for node_id in prompt if only is None else only:
+        node = prompt[node_id]
+        class_type = node["class_type"]
         given = node.get("inputs", {})
         for name, (kind, options, required) in input_specs(classes[class_type]).items():
             if name not in given:

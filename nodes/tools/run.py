@@ -32,7 +32,7 @@ from ..comfy import bridge as comfy_bridge
 from ..comfy import previews
 from ..registry import NODE_CLASS_MAPPINGS
 from . import core_standins
-from .graph import GraphError, execution_order, input_specs, is_link, ui_to_api, validate
+from .graph import GraphError, check_classes, execution_order, input_specs, is_link, ui_to_api, validate
 from ..ltx.errors import LTX25Error
 
 
@@ -139,7 +139,8 @@ def execute(prompt: Mapping[str, dict], classes: Mapping[str, type] | None = Non
             on_end: Callable[[str, Any, float], None] | None = None,
             targets: Iterable[str] | None = None, extra_pnginfo: dict | None = None) -> dict[str, Any]:
     """Validate, then run the nodes inside inference mode the way ComfyUI's executor does: the output nodes (or
-    `targets`) and what they depend on, one at a time in dependency order, ready async/output nodes first, async
+    `targets`) and what they depend on (only their inputs are validated, as ComfyUI's; a node of an unknown class
+    anywhere is refused), one at a time in dependency order, ready async/output nodes first, async
     nodes (the saves) as tasks that run on while later nodes go on. `preset` gives outputs of nodes not to run (a
     benchmark's prebuilt loaders); `on_start(node_id)` and `on_end(node_id, raw result, seconds)` watch each node
     (an async node ends when the runner collects its finished task: the event loop, like ComfyUI's, resumes it
@@ -148,13 +149,15 @@ def execute(prompt: Mapping[str, dict], classes: Mapping[str, type] | None = Non
     (`extra_pnginfo`: {"workflow": the UI workflow} when there is one), UNIQUE_ID.
     Returns {"outputs": {node_id: output tuple}, "ui": {node_id: ui dict}, "seconds": {node_id: s}, "wall_s": s}."""
     classes = classes or NODE_CLASS_MAPPINGS
-    validate(prompt, classes)
+    check_classes(prompt, classes)
+    run_ids = needed(prompt, classes, targets)
+    validate(prompt, classes, only=run_ids)
     start = time.perf_counter()
 
     def run() -> dict[str, Any]:
         with torch.inference_mode(), comfy_bridge.interrupt_scope(), _stop_on_ctrl_c():
-            return asyncio.run(_execute(prompt, classes, dict(preset or {}), on_start, on_end,
-                                        needed(prompt, classes, targets), extra_pnginfo))
+            return asyncio.run(_execute(prompt, classes, dict(preset or {}), on_start, on_end, run_ids,
+                                        extra_pnginfo))
 
     try:
         asyncio.get_running_loop()
