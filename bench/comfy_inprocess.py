@@ -297,7 +297,10 @@ def run_prompt(comfy: types.SimpleNamespace, executor, prompt: dict, prompt_id: 
     if clock is not None:
         clock.reset()
     start = time.perf_counter()
-    executor.execute(prompt, prompt_id, {"client_id": None, "preview_method": "none"}, outputs)
+    # ComfyUI takes the outputs from a set, in the hash seed's order, which decides which ready output node runs first
+    # (the compare or a save); in node-id order every run of a graph schedules alike
+    executor.execute(prompt, prompt_id, {"client_id": None, "preview_method": "none"},
+                     sorted(outputs, key=lambda i: (len(i), i)))
     wall = time.perf_counter() - start
     errors = [data.get("exception_message", "")[:2000] for event, data in executor.status_messages
               if event == "execution_error"]

@@ -92,10 +92,13 @@ def main() -> None:
                 ends[label] = time.perf_counter() - start
 
             def three() -> None:
+                ends.clear()
                 start = time.perf_counter()
                 with ThreadPoolExecutor(3) as pool:
-                    for label, frames in (("conv", single), ("diffusion", single), ("compare", wide)):
-                        pool.submit(save, label, frames, start)
+                    saves = [pool.submit(save, label, frames, start)
+                             for label, frames in (("conv", single), ("diffusion", single), ("compare", wide))]
+                for done in saves:
+                    done.result()  # a failed save fails the diag rather than being timed
 
             for converters in (int(n) for n in args.converters.split(",")):
                 mp4.CONVERTERS = converters

@@ -169,5 +169,6 @@ def test_bad_audio_latents_are_refused():
 def test_audio_decode_node_returns_audio(tiny_file, audio_vae):
     """LATENT {"samples", "type": "audio", "frame_rate"} → AUDIO {"waveform": [B, 2, S], "sample_rate": 48000}."""
     loaded = Loaded.register(audio_vae, inspect_asset(tiny_file("audio_vae")))
-    (audio,) = asyncio.run(LTX25AudioDecode().decode(loaded, {"samples": _latent(), "type": "audio", "frame_rate": 24.0}))
+    latent = {"samples": _latent(), "type": "audio", "frame_rate": 24.0}
+    (audio,) = asyncio.run(LTX25AudioDecode().decode(loaded, latent))
     assert audio["sample_rate"] == 48000 and audio["waveform"].shape[:2] == (1, 2)

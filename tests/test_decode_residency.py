@@ -3,6 +3,8 @@ when the tiles' extra work is bounded (tiling.working_memory_request): on a smal
 sampler's transformer, placed again and its CUDA graphs captured again on every run."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -141,9 +143,7 @@ def test_diffusion_decode_tiles_beside_the_transformer_instead_of_evicting_it(ti
 def test_tiles_within_says_none_fit_only_for_a_budget_below_the_smallest_tiles(tiny_file):
     """`tiles_within` answers None (evict, then decode) when no tiles fit the room, and lets any other planning
     error through: an overlap below the decoder's reach is the user's input to fix, not a reason to evict."""
-    from dataclasses import replace
-
-    from nodes.ltx.decode import diffusion_vae as dv
+    from nodes.ltx.decode import diffusion_vae as dv  # as the other diffusion tests here import it
     path = tiny_file("diffusion_vae")
     vae = dv.load_diffusion_vae(path, torch.float32)
     latent_shape, request = (1, 128, 9, 6, 6), dv.default_request(vae)

@@ -23,9 +23,10 @@ class LTX25AudioDecode:
         """A coroutine that never awaits: it runs to its end at once, on the graph's thread, as a plain node would.
         Being async wins it ComfyUI's pick among ready nodes (`ux_friendly_pick_node` runs a ready async node
         before any other), so the audio is decoded right after the sampler, before the video decoders: every save
-        takes this waveform, and each can then start as soon as its own frames are decoded. Otherwise the order of
-        the ready decoders follows ComfyUI's set of output nodes, which the hash seed orders; when the audio came
-        last, all the saves waited for the compare."""
+        takes this waveform, so no save waits for it (one may still wait for another output node ComfyUI picks
+        first, such as the A/B compare). Otherwise the order of the ready decoders follows ComfyUI's set of output
+        nodes, which the hash seed orders; when the audio came last, all the saves waited for the compare. Tests:
+        test_graph's and test_comfyui_inprocess's audio-before-video tests."""
         from ..ltx.audio_vae import check_audio_latent, decode_audio, working_memory
         from ..ltx.latents import AUDIO_STREAM, unbind_av
         latent = audio_latent if isinstance(audio_latent, dict) else {"samples": audio_latent}

@@ -39,10 +39,10 @@ PART_SUFFIX = ".part"
 # smooth ones (docs/PERFORMANCE.md); the crf keeps the quality, the files grow a little.
 X264_PRESET = "veryfast"
 # Frames are converted to yuv420p on CONVERTERS threads, up to CONVERT_AHEAD frames ahead of the encoder (a few MB
-# each). numpy and swscale release the GIL; on smooth (real) frames the conversion costs more than x264 itself, so
-# one converter bounded the save (docs/PERFORMANCE.md, "where a save's time goes").
-CONVERTERS = 3
-CONVERT_AHEAD = 8
+# each at 1080p). Three converters sped a lone 3840-wide save up by a quarter but slowed the other saves when the
+# A/B graph's three run at once, and the three together by little (docs/PERFORMANCE.md): one is kept.
+CONVERTERS = 1
+CONVERT_AHEAD = 4
 AUDIO_SLACK_S = 0.1  # audio shorter or longer than the video by more than this is logged (the VAE's gap is ≤ 50 ms)
 
 
@@ -215,7 +215,7 @@ def _picture(frames: np.ndarray, index: int) -> av.VideoFrame:
 
 def _encode(path: str, frames: np.ndarray, rate: Fraction, audio: np.ndarray | None, sample_rate: int,
             metadata: Mapping[str, str], crf: int, check: Callable[[], None] | None) -> None:
-    """One x264 with its own frame threads; the frames converted to yuv420p a few ahead on helper threads (in the
+    """One x264 with its own frame threads; the frames converted to yuv420p a few ahead on a helper thread (in the
     encoding thread that conversion ran between x264's frame encodes, with x264 idle); the AAC encoded beside the
     video on another (after it, it was the save's serial tail)."""
     container = av.open(path, mode="w", format="mp4", options={"movflags": "use_metadata_tags"})

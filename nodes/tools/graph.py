@@ -90,7 +90,7 @@ def validate(prompt: Mapping[str, dict], classes: Mapping[str, type], only: Coll
     checked for the nodes in `only` (default: all); ComfyUI's validate_prompt checks those of the nodes its outputs
     need, and runs a prompt whose unconnected nodes would not validate."""
     check_classes(prompt, classes)
-    for node_id in prompt if only is None else only:
+    for node_id in (n for n in prompt if only is None or n in only):  # in the prompt's order, whatever `only` is
         node = prompt[node_id]
         class_type = node["class_type"]
         given = node.get("inputs", {})

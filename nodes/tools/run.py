@@ -128,7 +128,7 @@ def needed(prompt: Mapping[str, dict], classes: Mapping[str, type], targets: Ite
     stack = list(targets)
     while stack:
         node_id = stack.pop()
-        if node_id not in seen:
+        if node_id not in seen and node_id in prompt:  # a link to a missing node is `validate`'s to name
             seen.add(node_id)
             stack.extend(_sources(prompt[node_id]))
     return seen
@@ -181,7 +181,7 @@ async def _execute(prompt, classes, preset, on_start, on_end, run: set[str], ext
     outputs: dict[str, tuple] = dict(preset)
     ui: dict[str, dict] = {}
     seconds: dict[str, float] = {}
-    waiting = [n for n in execution_order(prompt) if n in run and n not in preset]
+    waiting = [n for n in execution_order({n: prompt[n] for n in run}) if n not in preset]
     running: dict[asyncio.Task, tuple[str, float]] = {}
 
     def finish(node_id: str, result: Any, started: float, ended: float) -> None:

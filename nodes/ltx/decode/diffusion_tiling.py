@@ -534,6 +534,11 @@ def _search(geometry: TilingGeometry, latent_thw: THW, budget_bytes: int, memory
     return best, smallest
 
 
+class BudgetTooSmall(LTX25Error):
+    """`plan_auto`'s refusal: no tiles fit the budget. A caller with somewhere else to decode (after evicting a
+    model) tells it from the other errors by its type."""
+
+
 def plan_auto(geometry: TilingGeometry, latent_thw: THW, budget_bytes: int,
               memory: MemoryModel = MemoryModel(), overlap_frames: int | None = None,
               overlap_pixels: int | None = None) -> TileSchedule:
@@ -546,7 +551,7 @@ def plan_auto(geometry: TilingGeometry, latent_thw: THW, budget_bytes: int,
     """
     best, smallest = _search(geometry, latent_thw, budget_bytes, memory, overlap_frames, overlap_pixels)
     if best is None:
-        raise LTX25Error(WHERE, "the memory budget", f"{budget_bytes / 2**30:.2f} GiB",
+        raise BudgetTooSmall(WHERE, "the memory budget", f"{budget_bytes / 2**30:.2f} GiB",
                          f"at least {memory.estimate(smallest) / 2**30:.2f} GiB for the smallest legal tiles",
                          "Free device memory, raise memory_budget_gb, or decode a smaller video.")
     return best

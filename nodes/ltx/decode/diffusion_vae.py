@@ -306,9 +306,7 @@ def tiles_within(vae: DiffusionVAE, latent_shape: tuple[int, ...], request: Tili
     batch, auto = latent_shape[0], replace(request, mode="auto")
     try:
         schedule = plan(vae, tuple(latent_shape[2:]), auto, budget, batch, processor, frames_on_device)
-    except LTX25Error as error:
-        if error.what != "the memory budget":  # anything but `plan_auto`'s refusal of a budget below its smallest tiles
-            raise
+    except tiling.BudgetTooSmall:  # other errors (a bad overlap) are the user's input to fix, not a reason to evict
         return None
     spans = [[span.length for span in axis] for axis in schedule.spans]
     lengths = [axis[-1].pixels[1] - axis[0].pixels[0] for axis in schedule.spans]
