@@ -353,6 +353,29 @@ def test_a_cancelled_run_stops_the_save_and_leaves_no_file(output_dir, monkeypat
     assert list(output_dir.iterdir()) == [] and len(converted) < 100, len(converted)
 
 
+def test_a_save_cancelled_before_a_thread_took_its_encode_leaves_no_file(output_dir):
+    """A run stopped just after a save started: the save has reserved its name (the part file) and queued its
+    encode, which no thread has taken yet (here the loop's only worker is busy), so cancelling the task drops the
+    encode before it ever runs. The save removes the part itself; without that a `.part` was left behind (seen when
+    an interrupt came at the A/B graph's diffusion save)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def stop_before_the_encode_starts():
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+        gate = threading.Event()
+        busy = asyncio.get_running_loop().run_in_executor(None, gate.wait)
+        save = asyncio.ensure_future(LTX25SaveVideo().save(_frames(5, 32, 32), 24.0, "queued"))
+        await _part_appears(output_dir)
+        save.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await save
+        gate.set()
+        await busy
+
+    asyncio.run(stop_before_the_encode_starts())
+    assert list(output_dir.iterdir()) == []
+
+
 _KILLED_RUN = textwrap.dedent("""
     import signal, sys, time
     import torch

@@ -3,7 +3,9 @@ rate of the latent the frames were decoded from unless the user sets one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import threading
 from collections import OrderedDict
 
@@ -72,18 +74,24 @@ class LTX25SaveVideo:
         tags = _tags(metadata, prompt, extra_pnginfo)
         name = mp4.reserve(bridge.output_dir(), filename_prefix, _run_counter(prompt), where=f"{NODE}.filename_prefix")
         _remember_run_counter(prompt, name.number)
-        stopped = threading.Event()
+        stopped, started = threading.Event(), threading.Event()
 
         def check() -> None:
             if stopped.is_set():
                 raise bridge.InterruptError("the run was cancelled while the video was being saved")
             bridge.check_interrupt()
 
+        def encode() -> str:
+            started.set()
+            return mp4.save_mp4(name, frames, rate, waveform, sample_rate, tags, check=check, node=NODE)
+
         try:
-            path = await asyncio.to_thread(mp4.save_mp4, name, frames, rate, waveform, sample_rate, tags,
-                                           check=check, node=NODE)
+            path = await asyncio.to_thread(encode)
         except asyncio.CancelledError:
-            stopped.set()  # the thread cannot be cancelled: it stops at its next frame and removes its partial file
+            stopped.set()  # a running encode cannot be cancelled: it stops at its next frame and removes its part
+            if not started.is_set():  # still queued for a thread, where cancelling drops it: the part is ours to
+                with contextlib.suppress(FileNotFoundError):  # remove (an encode starting meanwhile removes its own)
+                    os.remove(name.part)
             raise
         preview = {"filename": name.filename, "subfolder": name.subfolder, "type": "output", "format": "video/mp4"}
         return {"ui": {"images": [preview], "animated": (True,)}, "result": (path,)}
