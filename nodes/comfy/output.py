@@ -3,9 +3,7 @@ rate of the latent the frames were decoded from unless the user sets one."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import threading
 from collections import OrderedDict
 
@@ -90,8 +88,7 @@ class LTX25SaveVideo:
         except asyncio.CancelledError:
             stopped.set()  # a running encode cannot be cancelled: it stops at its next frame and removes its part
             if not started.is_set():  # still queued for a thread, where cancelling drops it: the part is ours to
-                with contextlib.suppress(FileNotFoundError):  # remove (an encode starting meanwhile removes its own)
-                    os.remove(name.part)
+                mp4.discard(name)  # remove (an encode starting meanwhile removes its own)
             raise
         preview = {"filename": name.filename, "subfolder": name.subfolder, "type": "output", "format": "video/mp4"}
         return {"ui": {"images": [preview], "animated": (True,)}, "result": (path,)}

@@ -117,6 +117,12 @@ def publish(name: OutputName) -> str:
     return name.path
 
 
+def discard(name: OutputName) -> None:
+    """The reservation given up: its part file removed (already gone is fine)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(name.part)
+
+
 @contextlib.contextmanager
 def _folder_lock(folder: str) -> Iterator[None]:
     """An exclusive lock on `folder` (flock on the directory: released when the process ends, however it ends), so
@@ -162,8 +168,7 @@ def save_mp4(name: OutputName, frames: np.ndarray, fps: float, audio: np.ndarray
             raise LTX25Error(node, "writing the video", name.part, "a file this process can write",
                              f"{error.strerror or error}. Free disk space, or set another output folder.") from error
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(name.part)
+        discard(name)
         raise
 
 
