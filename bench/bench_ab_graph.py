@@ -13,6 +13,8 @@ from the tiny text-encoder file (tokenizer: the tiny one, ids padded to the real
 config swapped in, and `text_encoder.load_text_encoder` is replaced by one returning the in-memory module (so the node's
 load/offload hooks run as usual, except that its release unloads the module instead of freeing it: the bench has
 only this one copy for every prompt). Every other node runs unchanged, in the workflow's dependency order.
+With `--heavy-files DIR` the transformer and Gemma load from real-shape files through their loader nodes instead and
+the small models become views of files written for them, so the host memory figures are those of a user's run.
 
 The graph runs through the headless runner's executor, which (like ComfyUI's) starts ready output nodes first and
 runs async nodes — the three saves, whose H.264 encodes run on worker threads — as tasks while later nodes go on;
@@ -106,10 +108,10 @@ def _on_device(device: torch.device, dtype: torch.dtype, make):
 
 
 def build_real(device: torch.device, tiny_text_encoder: str | None, transformer_format: str = "bf16",
-               text_encoder: bool = True) -> tuple[dict, dict, te.TextEncoderModule | None]:
+               text_encoder: bool = True, transformer: bool = True) -> tuple[dict, dict, te.TextEncoderModule | None]:
     """{loader node id: its output tuple}, {component: build seconds}, the Gemma module (for residency checks).
     Without `text_encoder` no Gemma is built (node "2" has no output, the module is None): for a graph that is given
-    its text features as tensors."""
+    its text features as tensors, or loads Gemma from a file; without `transformer` no DiT (node "1" has none)."""
     import bench_conv_vae
     import bench_diffusion_vae
     import bench_text_encoder
@@ -130,11 +132,12 @@ def build_real(device: torch.device, tiny_text_encoder: str | None, transformer_
         seconds[name] = round(time.perf_counter() - start, 2)
         return module
 
-    config = T.TransformerConfig.from_metadata("bench", {"config": {"transformer": dict(T.SHIPPED_CONFIG)}})
-    dit = timed("transformer", lambda: bench_transformer.build(config, device, bf16))
-    if transformer_format != "bf16":
-        seconds["quantized_layers"] = quantize_blocks(dit, transformer_format)
-    out["1"] = (Loaded.register(dit, _info("transformer", Kind.TRANSFORMER), on_unload=release),)
+    if transformer:
+        config = T.TransformerConfig.from_metadata("bench", {"config": {"transformer": dict(T.SHIPPED_CONFIG)}})
+        dit = timed("transformer", lambda: bench_transformer.build(config, device, bf16))
+        if transformer_format != "bf16":
+            seconds["quantized_layers"] = quantize_blocks(dit, transformer_format)
+        out["1"] = (Loaded.register(dit, _info("transformer", Kind.TRANSFORMER), on_unload=release),)
 
     gemma = None
     if text_encoder:
@@ -176,6 +179,16 @@ def build_real(device: torch.device, tiny_text_encoder: str | None, transformer_
         return vae.eval().requires_grad_(False)
     out["9"] = (Loaded.register(timed("audio_vae", audio), _info("audio_vae", Kind.AUDIO_VAE)),)
     return out, seconds, gemma
+
+
+def _file_backed(module: torch.nn.Module, path: str) -> None:
+    """`module`'s weights written to `path` and replaced by views of its memory map, where a loader leaves a model's
+    weights (each copied first: a file holds no tensors that share memory)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in module.state_dict().items()}, path)
+    with safe_open(path, framework="pt") as f:
+        module.load_state_dict({k: f.get_tensor(k) for k in f.keys()}, assign=True)
 
 
 # ------------------------------------------------------------------------------------------------ the run
@@ -386,6 +399,12 @@ def quantize_blocks(model: torch.nn.Module, kind: str) -> int:
     return count
 
 
+def _rss_gib() -> float:
+    """The process's resident host memory now."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / GiB
+
+
 def _peak_rss_gib() -> float:
     """The process's peak resident host memory so far (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -414,6 +433,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conv-only", action="store_true", help="drop the diffusion decoder and the compare: the "
                         "conv-VAE graph (workflows/api/ltx25_t2v_distilled_conv.json's nodes), for the smallest cards")
     parser.add_argument("--size", default=None, help="WIDTHxHEIGHTxFRAMES on CUDA (default 768x512x121)")
+    parser.add_argument("--heavy-files", default=None, help="CUDA: a folder with the transformer and Gemma as "
+                        "real-shape files (diffusion_models/transformer-bf16.safetensors and text_encoders/"
+                        "gemma.safetensors, as bench_host_memory.py --dit-blocks 48 --gemma-layers 48 writes them): "
+                        "those two load through the loader nodes and Encode Prompt, as a user's files do, so the "
+                        "host memory figures are the graph's own; the small models are built in memory and given "
+                        "the same kind of host memory (views of a file they are written to there)")
     parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "bench_ab_graph.json")
                         if os.environ.get("OUT") else None)
     args = parser.parse_args(argv)
@@ -452,11 +477,27 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cudnn.benchmark = True
         result["gpu_total_gib"] = torch.cuda.mem_get_info(device)[1] / GiB
         tiny_text_encoder = os.path.join(work, "models", *OFFICIAL_FILES["text_encoder"])
-        preset, result["build_s"], gemma = build_real(device, tiny_text_encoder, args.transformer)
+        from_files = args.heavy_files is not None
+        preset, result["build_s"], gemma = build_real(device, tiny_text_encoder, args.transformer,
+                                                      text_encoder=not from_files, transformer=not from_files)
+        if from_files:  # the released names in the models folder lead to the real-shape files
+            for component, written in (("transformer", "diffusion_models/transformer-bf16.safetensors"),
+                                       ("text_encoder", "text_encoders/gemma.safetensors")):
+                official = os.path.join(work, "models", *OFFICIAL_FILES[component])
+                os.remove(official)
+                os.symlink(os.path.abspath(os.path.join(args.heavy_files, written)), official)
+            for node_id, built in preset.items():  # the small models: views of a file too, as loaders leave them
+                _file_backed(built[0].module, os.path.join(args.heavy_files, f"{LOADERS[node_id]}.safetensors"))
+            torch.cuda.empty_cache()
+            loaded, outputs, _ = run_graph(prompt, {}, device, {}, only=("1", "2"))
+            preset.update({k: outputs[k] for k in ("1", "2")})
+            result["build_s"].update({LOADERS[k]: round(row["s"], 3) for k, row in loaded.items()})
+            result["host_rss_gib_after_loaders"] = _rss_gib()
         preset = {k: v for k, v in preset.items() if k in prompt}
         result["transformer_format"] = args.transformer
         heavy = {LOADERS[k]: v[0].module for k, v in preset.items() if k != "2"}
-        heavy["text_encoder"] = gemma
+        if gemma is not None:
+            heavy["text_encoder"] = gemma
         result["weights_gib"] = {name: bridge.module_bytes(m) / GiB for name, m in heavy.items()}
         if args.offload_first:
             for module in heavy.values():
@@ -503,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
         fresh = dict(prompt)
         fresh["3"] = {**prompt["3"], "inputs": {**prompt["3"]["inputs"], "prompt": NEW_PROMPT}}
         new_prompt = {} if args.skip_new_prompt else run_graph(fresh, preset, device, heavy, only=("3",))[0]
+        result["host_peak_rss_gib_after_new_prompt"] = _peak_rss_gib()
+        result["host_rss_gib_at_end"] = _rss_gib()
     except Exception as e:  # record what ran; the traceback goes to stderr
         traceback.print_exc()
         result["errors"]["graph"] = f"{type(e).__name__}: {e}"

@@ -212,3 +212,70 @@ def test_nothing_is_released_where_madvise_is_missing(mapped_model, monkeypatch)
     assert files.release(model.head.weight) == 0
     streaming.place(model, torch.device("meta"), 1 << 40)
     assert all(t.is_meta for t in model.parameters())
+
+
+
+class _NoBlocks(torch.nn.Module):
+    """A decoder's shape of model: weights, no streamable blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv_in = torch.nn.Linear(512, 1024, bias=False)
+        self.conv_out = torch.nn.Linear(1024, 512, bias=False)
+
+
+class _ThreeBlocks(_Blocks):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks.append(torch.nn.Linear(512, 1024, bias=False))
+
+
+def _load_mapped(tmp_path, cls) -> tuple[torch.nn.Module, str, dict]:
+    """A `cls` whose weights are views of a safetensors file's map (no page read yet); the path and the values."""
+    path = str(tmp_path / "weights.safetensors")
+    values = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(i))
+              for i, (k, v) in enumerate(cls().state_dict().items())}
+    save_file(values, path)
+    with torch.device("meta"):
+        model = cls()
+    with safe_open(path, framework="pt") as f:
+        model.load_state_dict({k: f.get_tensor(k) for k in f.keys()}, assign=True)
+    return model, path, values
+
+
+@linux_only
+def test_an_evicted_model_without_blocks_takes_its_file_back_instead_of_a_host_copy(tmp_path):
+    """A decoder evicted for another model (the text encoder's next prompt, on a small card) goes back to its file's
+    views: nothing copied, no host memory held (before, a pinned copy of it stayed in the process for good). Placed
+    again, it reads the same values. Placed on meta (the copy reads nothing), evicted to the CPU: a tensor without a
+    host copy could not come back from meta at all."""
+    model, path, values = _load_mapped(tmp_path, _NoBlocks)
+    for _ in range(2):
+        streaming.place(model, torch.device("meta"), 1 << 40, keep_host=True)
+        assert all(t.is_meta for t in model.parameters())
+        streaming.offload(model, "cpu", keep_host=True)
+        assert _copied_keys(model, path) == [], "a weight came back as a copy, not as its file's view"
+        assert all(torch.equal(t, values[k]) for k, t in model.state_dict().items())
+
+
+@linux_only
+@pytest.mark.parametrize("pin_streamed", [False, True], ids=["text_encoder", "default"])
+def test_a_model_that_pins_nothing_streams_its_blocks_from_the_file_pages(tmp_path, pin_streamed):
+    """The text encoder (`PIN_STREAMED = False`) streams the layers that do not fit from its file: each streamed
+    copy gives its pages back, so after a forward the file's streamed pages are not the process's (nor copied into
+    pinned memory, which on a small card sat beside the evicted transformer's pinned copy). A model that pins
+    streams from its pinned copy (on the CPU nothing is pinned, so there its file pages stay mapped). Streamed onto
+    the CPU, where the slot copies really read the pages; the outputs are the file's weights' either way."""
+    model, path, values = _load_mapped(tmp_path, _ThreeBlocks)
+    model.PIN_STREAMED = pin_streamed
+    block = 1024 * 512 * 4
+    plan = streaming.place(model, torch.device("cpu"), int(3.5 * block))  # the head and two slots: every block streams
+    assert plan.resident_indices == () and streaming.is_streaming(model)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(9))
+    for i in range(3):
+        assert torch.equal(model.blocks[i](x), x @ values[f"blocks.{i}.weight"].T)
+    left = _mapped_rss(path)
+    if pin_streamed:
+        assert left >= 3 * block, f"{left} bytes resident: the default streamer was expected to keep its pages"
+    else:
+        assert left <= 0.02 * 3 * block, f"{left} bytes of the file resident after streaming every block"

@@ -133,7 +133,8 @@ def test_partly_resident_transformer_streams_only_the_rest(deep_transformer):
 
 
 def test_streamed_text_encoder_is_bit_identical_to_resident(tiny_file):
-    """Gemma's decoder layers stream like the DiT's blocks: the projected features are unchanged."""
+    """Gemma's decoder layers stream like the DiT's blocks: the projected features are unchanged. They stream from
+    where they are, not from a pinned copy (`PIN_STREAMED`: one forward per prompt; tests/test_host_memory.py)."""
     spec = te.TextEncoderSpec.from_file(tiny_file("text_encoder"), torch.float32)
     module = te.load_text_encoder(spec)
     tokens = spec.tokenizer.encode(["a fox in the snow", "waves at dusk"])
@@ -144,6 +145,7 @@ def test_streamed_text_encoder_is_bit_identical_to_resident(tiny_file):
     total = streaming.tensor_bytes([t for _, _, t in streaming._owned_tensors(module)])
     plan = streaming.place(module, torch.device("cpu"), total - 3 * largest + 2 * largest, where="test")
     assert 0 < plan.resident_blocks < len(layers)
+    assert streaming.streamer_of(module).files is not None, "the text encoder's streamed layers would be pinned"
     got = te.run_encoder(module, tokens.ids, tokens.mask)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 

@@ -18,6 +18,16 @@ memory at the link's speed, so a model evicted for the decoders every run costs 
 happens on the first eviction, not the first placement: a model that is never evicted pins nothing beyond its
 streamed blocks. Whoever changes a device tensor in place (weight patches) calls `forget_host_copies` for it first.
 
+Two kinds of model hold no pinned memory of their own, since for them it would cost host memory for good and save
+little time:
+- a model without blocks (a decoder, the upsampler: ≤ 1 GiB each) keeps, as the host copy of a weight placed from
+  its file, that file's view: evicting it copies nothing and holds no memory, and placing it again reads the file
+  (its pages are the page cache's), a fraction of a second;
+- a model whose class sets `PIN_STREAMED = False` (the text encoder: one forward per new prompt) streams its blocks
+  straight from where they are, usually its file's pages, each page given back once copied: a pinned copy of its
+  streamed share would take longer to make than the pageable copies it speeds up, and would sit beside the
+  evicted transformer's (docs/PERFORMANCE.md, "Host memory").
+
 The streamer works on whatever tensors of the blocks are off the device when it is installed, or on the tensors its
 caller picks, so it also covers a placement made by someone else (ComfyUI's partial loading leaves whole layers on the
 host). A streamed tensor may carry a transform, applied to its device copy each time the block runs (a weight patch
@@ -158,6 +168,7 @@ def place(model: nn.Module, device: torch.device, budget: int, working_bytes: in
     streamed = {id(m) for block in streamed_blocks for m in block.modules()}
     copies = _host_copies(model)
     files = FileMappings.current()
+    keep_views = keep_host and not blocks
     for owner in model.modules():  # each owner's direct tensors go where its block goes
         target = torch.device("cpu") if id(owner) in streamed else device
         for table in (owner._parameters, owner._buffers):
@@ -170,12 +181,13 @@ def place(model: nn.Module, device: torch.device, budget: int, working_bytes: in
                     continue
                 pinned = tensor.device.type == "cpu" and tensor.is_pinned()
                 _assign(table, name, tensor.to(target, non_blocking=pinned))
-                if pinned and keep_host:
+                if pinned and keep_host or keep_views and files.mapping_of(tensor) is not None:
                     copies[id(table[name])] = (table[name], tensor)
-                elif not pinned:  # a synchronous copy: the source's bytes are read by now
+                if not pinned:  # a synchronous copy: the source's bytes are read by now
                     files.release(tensor)
     if streamed_blocks:
-        BlockStreamer(blocks, device, force_stream=streamed_blocks, files=files).install(model)
+        BlockStreamer(blocks, device, force_stream=streamed_blocks, files=files,
+                      pin=getattr(model, "PIN_STREAMED", True)).install(model)
     return plan
 
 
@@ -197,8 +209,8 @@ def _pin_room() -> int:
 
 def forget_host_copies(model: nn.Module, tensors: Sequence[torch.Tensor]) -> dict[int, torch.Tensor]:
     """Drop the host copies of `tensors` (about to change in place on the device, or to leave the model):
-    offloading copies them back. Returns the dropped copies, id(tensor) → pinned host tensor (they hold the values
-    the device tensors have now)."""
+    offloading copies them back. Returns the dropped copies, id(tensor) → host tensor (pinned, or a view of the
+    file; they hold the values the device tensors have now)."""
     copies = _host_copies(model)
     dropped = {}
     for tensor in tensors:
@@ -291,13 +303,16 @@ class BlockStreamer:
 
     def __init__(self, blocks: Sequence[nn.Module], device: torch.device,
                  force_stream: Sequence[nn.Module] = (), select: Select | None = None,
-                 transform: TransformOf | None = None, files: FileMappings | None = None) -> None:
+                 transform: TransformOf | None = None, files: FileMappings | None = None, pin: bool = True) -> None:
         """Stream the blocks' tensors that `select` picks (default: those not on `device`, and every tensor of the
         `force_stream` blocks); a picked tensor not in host memory is moved there. `transform(owner, name)` may give
         a function applied to a streamed tensor's device copy each time its block runs. `files`: the process's file
-        mappings (read now when not given), whose pages a view copied into pinned memory gives back."""
+        mappings (read now when not given), whose pages a view copied into pinned memory gives back. Without `pin`
+        the tensors are copied from where they are (pageable: each copy holds the thread until the bytes are read),
+        and a file view's pages are given back after each copy."""
         self.blocks, self.device = list(blocks), _concrete(device)
         files = files if files is not None else FileMappings.current()
+        self.files = None if pin else files
         forced = set(map(id, force_stream))
         self.streamed: dict[int, _Streamed] = {}
         for index, block in enumerate(self.blocks):
@@ -311,7 +326,7 @@ class BlockStreamer:
                 host = tensor.detach()
                 if host.device.type != "cpu":
                     host = host.to("cpu")
-                if self.device.type == "cuda" and not host.is_pinned():
+                if pin and self.device.type == "cuda" and not host.is_pinned():
                     host = host.pin_memory()  # pinned: the copy is asynchronous and runs at the link's speed
                     files.release(tensor)
                 _assign(table, name, host)
@@ -381,6 +396,9 @@ class BlockStreamer:
                 event = torch.cuda.Event()
                 event.record(self.copy_stream)
                 self.ready[index] = event
+        if self.files is not None:  # a copy from pageable memory has read its source when it returns
+            for _, _, host, _ in streamed.entries:
+                self.files.release(host)
         self.slot_of[index] = slot
         self.bytes_copied += streamed.nbytes
 
@@ -429,7 +447,8 @@ def adopt(model: nn.Module, device: torch.device, select: Select | None = None,
                 if tensor is not None and tensor.device != device:
                     _assign(table, name, tensor.to(device))
                     files.release(tensor)
-    streamer = BlockStreamer(blocks, device, select=select, transform=transform, files=files)
+    streamer = BlockStreamer(blocks, device, select=select, transform=transform, files=files,
+                             pin=getattr(model, "PIN_STREAMED", True))
     if not streamer.streamed_count:
         return None
     return streamer.install(model)

@@ -156,6 +156,8 @@ class TextEncoderModule(nn.Module):
     """`gemma`: transformers' Gemma4UnifiedModel without the image/audio embedders (their 11 tensors are on the
     drop list: the smallest model that covers every used key); `text_embedding_projection`: the V2 projection."""
 
+    PIN_STREAMED = False  # one forward per new prompt: layers that do not fit stream from the file (streaming.py)
+
     def __init__(self, config: gemma_config.Gemma4UnifiedConfig, video_dim: int, audio_dim: int) -> None:
         super().__init__()
         text_only = copy.deepcopy(config)
