@@ -297,6 +297,22 @@ def test_one_interrupt_stops_both_a_computing_node_and_a_save_beside_it():
     assert run.execute(copy.deepcopy(GRAPH), CLASSES)["ui"]["3"] == {"saved": [4]}  # and the next run is clean
 
 
+def test_the_runner_says_an_interrupted_async_node_stopped_and_a_broken_one_failed(capsys, monkeypatch):
+    """A save stopped by the user is reported as stopped, not as a failure to look into (it said "[run] 3 failed");
+    a save that raises is still a failure."""
+    Steps.done, Save.frames = [], []
+    with pytest.raises(bridge.InterruptError):
+        run.execute(copy.deepcopy(GRAPH), CLASSES, on_start=lambda node: node == "3" and bridge.request_interrupt())
+    assert "[run] 3 stopped" in capsys.readouterr().err
+
+    async def broken(self, number):
+        raise ValueError("a broken save")
+    monkeypatch.setattr(Save, "save", broken)
+    with pytest.raises(ValueError):
+        run.execute(copy.deepcopy(GRAPH), CLASSES)
+    assert "[run] 3 failed" in capsys.readouterr().err
+
+
 _CTRL_C_RUN = textwrap.dedent("""
     import signal, sys, time
     from nodes.comfy import bridge

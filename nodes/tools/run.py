@@ -201,10 +201,11 @@ async def _execute(prompt, classes, preset, on_start, on_end, run: set[str], ext
             node_id, started = running.pop(task)
             try:
                 finish(node_id, task.result(), started, time.perf_counter())
-            except BaseException:
+            except BaseException as error:
                 for other in running:  # the graph stops at its first failure, as ComfyUI's does
                     other.cancel()
-                print(f"[run] {node_id} failed", file=sys.stderr, flush=True)
+                stopped = isinstance(error, (KeyboardInterrupt, asyncio.CancelledError, comfy_bridge.InterruptError))
+                print(f"[run] {node_id} {'stopped' if stopped else 'failed'}", file=sys.stderr, flush=True)
                 raise
 
     while waiting or running:
