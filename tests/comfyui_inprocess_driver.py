@@ -181,8 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     loaded_patchers: list = []
     real_load_models_gpu = mm.load_models_gpu
 
+    text_encoders: list = []  # every Gemma model management loaded, kept to see where its release left its weights
+
     def spy_load_models_gpu(models, *a, **kw):
         loaded_patchers.extend(models)
+        text_encoders.extend(module for module in (getattr(p.model, "inner", p.model) for p in models)
+                             if type(module).__name__ == "TextEncoderModule")
         return real_load_models_gpu(models, *a, **kw)
 
     mm.load_models_gpu = spy_load_models_gpu
@@ -248,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         entry["seconds"] = time.perf_counter() - t0
         executor = None
 
+    # Encode Prompt drops its encoder after the encode (encodes are cached, so not every workflow loads one)
+    report["text_encoders_loaded"] = len(text_encoders)
+    report["text_encoder_weights_after"] = sorted({t.device.type for module in text_encoders
+                                                   for t in module.state_dict().values()})
+    text_encoders.clear()
     with open(args.report, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1, default=str)
     # Free the models now: a ModelPatcher still alive at interpreter teardown logs an error from its __del__.

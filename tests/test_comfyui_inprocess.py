@@ -129,6 +129,15 @@ def test_every_model_that_computes_was_loaded_by_comfy_model_management(report, 
     assert entry["loaded_models_after"] > 0, f"{name}: current_loaded_models is empty after the run"
 
 
+def test_the_released_text_encoder_is_freed_not_copied_to_the_host(report):
+    """Encode Prompt drops Gemma after its encode: model management unloads it to the meta device, not to its
+    offload device, where `model.to(offload_device)` copied every weight on the card (24 GiB) into new host memory
+    only for it to be freed. Fails with `discard_model` unloading as `unload_model` does (the weights stay on the
+    CPU here, where --cpu makes the offload device the load device)."""
+    assert report["text_encoders_loaded"] > 0, "no workflow loaded the text encoder: nothing was checked"
+    assert report["text_encoder_weights_after"] == ["meta"], report["text_encoder_weights_after"]
+
+
 @pytest.mark.parametrize("name", CONDITIONING_TEMPLATES)
 def test_conditioning_templates_hold_their_guides_inside_comfyui(report, name):
     """With core Load Image / Load Audio reading the example files from ComfyUI's input folder, each sampler holds

@@ -293,3 +293,13 @@ def _comfy_unload(patcher) -> None:
             loaded.model_unload()
             _mm.current_loaded_models.remove(loaded)
     _mm.cleanup_models_gc()
+
+
+def _comfy_discard(patcher) -> None:
+    """`discard_model` in ComfyUI: unloaded by model management as `unload_model` does, but to the meta device.
+    Its unload moves the module to the patcher's offload device (ModelPatcher.unpatch_model: `model.to(device_to)`),
+    so for a model its caller drops right after (Gemma after its encode) that was a copy of every weight on the card
+    into new host memory, up to 24 GiB, made only to be freed."""
+    patcher.offload_device = torch.device("meta")
+    _comfy_unload(patcher)
+

@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from .comfy_models import _DeviceHolder, _comfy_load, _comfy_patcher, _comfy_spare, _comfy_unload
+from .comfy_models import _DeviceHolder, _comfy_discard, _comfy_load, _comfy_patcher, _comfy_spare, _comfy_unload
 from .comfyui import HAS_COMFY, _mm
 from .devices import compute_device, empty_cache, offload_device
 from .standalone import (StandalonePatcher, _standalone_discard, _standalone_live, _standalone_load, _standalone_spare,
@@ -62,11 +62,11 @@ def unload_model(patcher) -> None:
 
 
 def discard_model(patcher) -> None:
-    """Free a model whose module its caller drops right after (the text encoder after its encode): standalone, its
-    weights are freed where they are instead of being copied back to the host first (StandalonePatcher.discard);
-    under ComfyUI, model management unloads it to its offload device as `unload_model` does."""
+    """Free a model whose module its caller drops right after (the text encoder after its encode): its weights are
+    freed where they are instead of being copied back to the host first (standalone StandalonePatcher.discard; under
+    ComfyUI, model management unloads it to the meta device)."""
     if HAS_COMFY:
-        _comfy_unload(patcher)
+        _comfy_discard(patcher)
     else:
         _standalone_discard(patcher)
     empty_cache()
