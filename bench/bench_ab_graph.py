@@ -374,10 +374,20 @@ def _previews_in_line(*args, **kwargs):
     return names
 
 
+def _compare_in_line(self, images_a, images_b, label_a, label_b, layout, resize_b, stats_a=None, stats_b=None):
+    """The compare before it became a coroutine: its work on the graph's thread, the saves waiting for it."""
+    from nodes.ltx.decode.compare import check_comparable, check_labels
+    images_b = check_comparable(images_a, images_b, resize_b)
+    check_labels(label_a, label_b)
+    return self._compare(images_a, images_b, label_a, label_b, layout, stats_a, stats_b)
+
+
 # --ab: (variant, patch → undo) pairs, each a bench-only patch of one choice the pack makes
 AB_VARIANTS = {
     "previews": [("previews_in_line", _patched(compare_node, "write_preview_frames", _previews_in_line)),
                  ("previews_in_background", lambda: (lambda: None))],
+    "compare": [("compare_in_line", _patched(compare_node.LTX25DecoderCompare, "compare", _compare_in_line)),
+                ("compare_beside_the_saves", lambda: (lambda: None))],
 }
 
 
@@ -423,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ab-runs", type=int, default=0, help="then N pairs of warm runs, alternating two ways "
                         "of one choice (--ab)")
     parser.add_argument("--ab", choices=sorted(AB_VARIANTS), default="previews", help="previews: the compare's "
-                        "viewer frames written in line or in the background")
+                        "viewer frames written in line or in the background; compare: the compare's work on the "
+                        "graph's thread or on a worker beside the saves")
     parser.add_argument("--cpu-trace", action="store_true", help="record the cores busy during each A/B run "
                         "(Linux /proc/stat), in 100 ms bins")
     parser.add_argument("--skip-new-prompt", action="store_true", help="skip the new-prompt encode after run 2")

@@ -8,6 +8,7 @@ diffusion saves are still encoding when the compare starts).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -53,7 +54,7 @@ def main() -> None:
             "metrics": lambda: image_compare.psnr_and_ssim_per_frame(a, b, device),
             "canvas": lambda: image_compare.side_by_side(a, b, "conv VAE", "diffusion VAE", "side_by_side"),
             "previews": lambda: (previews.write_preview_frames(a, folder, "p", picks), previews.wait_for_previews()),
-            "node": lambda: node.compare(a, b, "conv VAE", "diffusion VAE", "side_by_side", False),
+            "node": lambda: asyncio.run(node.compare(a, b, "conv VAE", "diffusion VAE", "side_by_side", False)),
         }
         row = {"device": str(device), "cpus": os.cpu_count(), "frames": args.frames, "size": args.size}
         for name, fn in parts.items():

@@ -1,6 +1,7 @@
 """The decoder A/B compare node: PSNR/SSIM figures, the labelled canvas and mismatch errors."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -14,13 +15,18 @@ from nodes.ltx.errors import LTX25Error
 from nodes.ltx.decode.compare import psnr_and_ssim_per_frame
 
 
+def run_compare(*args, **kwargs):
+    """The compare node's coroutine, run to its end."""
+    return asyncio.run(LTX25DecoderCompare().compare(*args, **kwargs))
+
+
 def frames(seed: int = 0, n: int = 3, h: int = 32, w: int = 48) -> torch.Tensor:
     return torch.rand(n, h, w, 3, generator=torch.Generator().manual_seed(seed))
 
 
 def run(a, b, **kw):
     args = dict(label_a="conv", label_b="diffusion", layout="side_by_side", resize_b=False) | kw
-    return LTX25DecoderCompare().compare(a, b, **args)["result"]
+    return run_compare(a, b, **args)["result"]
 
 
 def test_identical_inputs_report_infinite_psnr_and_unit_ssim():
@@ -70,7 +76,7 @@ def test_mismatched_frames_or_sizes_are_refused_unless_resize_is_asked():
 def test_report_carries_each_decoders_costs():
     stats_a = DecodeStats("conv", 0.5, 2**30, 4, ((17, 64, 64),) * 4)
     stats_b = DecodeStats("diffusion", 1.5, 3 * 2**30, 1, ((17, 128, 128),), processor="sdpa", steps=1)
-    out = LTX25DecoderCompare().compare(frames(), frames(2), "conv", "diffusion", "side_by_side", False,
+    out = run_compare(frames(), frames(2), "conv", "diffusion", "side_by_side", False,
                                         stats_a, stats_b)
     report = json.loads(out["result"][1])
     assert report["decoders"]["conv"]["tiles"] == 4 and report["decoders"]["diffusion"]["processor"] == "sdpa"
@@ -82,7 +88,7 @@ def test_viewer_frames_are_written_for_both_sides(tmp_path):
     """The canvas viewer reads A and B frames from the temp folder; same count on both sides."""
     from nodes.comfy import bridge as comfy_bridge
     comfy_bridge.set_output_dir(str(tmp_path))
-    out = LTX25DecoderCompare().compare(frames(n=30), frames(1, n=30), "a", "b", "side_by_side", False)
+    out = run_compare(frames(n=30), frames(1, n=30), "a", "b", "side_by_side", False)
     viewer = out["ui"]["ltx25_ab"][0]
     assert len(viewer["frames_a"]) == len(viewer["frames_b"]) == len(viewer["frame_indices"]) == 24
     previews.wait_for_previews()
@@ -107,7 +113,7 @@ def test_the_compare_returns_before_its_preview_frames_are_written(tmp_path, mon
         return original(self, path, *args, **kwargs)
 
     monkeypatch.setattr(previews.Image.Image, "save", held_save)
-    out = LTX25DecoderCompare().compare(frames(n=5), frames(1, n=5), "a", "b", "side_by_side", False)
+    out = run_compare(frames(n=5), frames(1, n=5), "a", "b", "side_by_side", False)
     names = [e["filename"] for e in out["ui"]["ltx25_ab"][0]["frames_a"] + out["ui"]["ltx25_ab"][0]["frames_b"]]
     assert out["result"][0].shape == (5, 32, 96, 3) and not any((tmp_path / "temp" / n).exists() for n in names)
     release.set()
@@ -205,5 +211,5 @@ def test_equal_labels_are_refused_before_any_preview_is_started(tmp_path, monkey
     started = []
     monkeypatch.setattr("nodes.comfy.compare.write_preview_frames", lambda *a: started.append(a) or [])
     with pytest.raises(LTX25Error, match="label"):
-        LTX25DecoderCompare().compare(frames(), frames(1), "same", "same", "side_by_side", False)
+        run_compare(frames(), frames(1), "same", "same", "side_by_side", False)
     assert started == []

@@ -282,10 +282,12 @@ def test_the_runner_can_be_called_from_async_code():
     assert asyncio.run(inside())["outputs"]["2"] == ("12!",)
 
 
-def _run_order(prompt: dict, classes, monkeypatch) -> list[str]:
+def _run_order(prompt: dict, classes, monkeypatch, slow: tuple[str, ...] = ()) -> list[str]:
     """The node classes of `prompt` replaced by stand-ins that only record when they start (async where the
-    pack's are), run by the runner: the order it starts the nodes in. (Not validated: the loaders' lists of files
-    are empty here.)"""
+    pack's are), run by the runner: the order it starts the nodes in. An async stand-in of a class in `slow` then
+    waits a little, as the work on its thread would, and records "end <node id>". (Not validated: the loaders'
+    lists of files are empty here.)"""
+    import asyncio
     monkeypatch.setattr(run, "validate", lambda prompt, classes, only=None: None)
     started: list[str] = []
 
@@ -295,7 +297,11 @@ def _run_order(prompt: dict, classes, monkeypatch) -> list[str]:
             return (None,) * len(node_class.RETURN_TYPES)
 
         async def call_async(self, **inputs):
-            return call(self, **inputs)
+            result = call(self, **inputs)
+            if node_class.__name__ in slow:
+                await asyncio.sleep(0.05)
+                started.append(f"end {inputs['unique_id']}")
+            return result
 
         hidden = {"hidden": {"unique_id": "UNIQUE_ID"}}
         return type(node_class.__name__, (), {
@@ -339,3 +345,18 @@ def test_the_audio_is_decoded_before_the_video_so_each_save_starts_when_its_fram
     video = [order.index(n) for n, kind in kinds.items() if kind.endswith("VAEDecode")]
     assert audio and video, f"{name}: {kinds}"
     assert all(a < v for a in audio for v in video), [(order[p], kinds[order[p]]) for p in sorted(audio + video)]
+
+
+def test_the_saves_of_both_decodes_start_while_the_compare_computes(monkeypatch):
+    """The compare is an output node, which the runner, as ComfyUI, starts first once both decodes are done; it is
+    a coroutine whose work runs on a thread, so the saves of both decodes start beside it instead of waiting for it
+    (in ComfyUI at 1920×1088 the conv save waited 0.8 s for it). Fails if the compare becomes a plain function."""
+    classes = {**run.core_standins.CLASSES, **run.NODE_CLASS_MAPPINGS}
+    prompt = run.load_prompt(os.path.join(API_WORKFLOWS, "ltx25_t2v_distilled_decoder_ab.json"), classes)
+    events = _run_order(prompt, classes, monkeypatch, slow=("LTX25DecoderCompare",))
+    compare = next(n for n, node in prompt.items() if node["class_type"] == "LTX25DecoderCompare")
+    saves = [n for n, node in prompt.items() if node["class_type"] == "LTX25SaveVideo"
+             and compare not in {value[0] for value in node["inputs"].values() if run.is_link(value)}]
+    assert len(saves) == 2 and events.index(compare) < events.index(f"end {compare}"), events
+    assert all(events.index(save) < events.index(f"end {compare}") for save in saves), events
+

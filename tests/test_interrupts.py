@@ -187,7 +187,7 @@ def test_the_nodes_hand_the_bridge_check_to_their_stop_points(tiny_file, monkeyp
     asyncio.run(LTX25AudioDecode().decode(loaded("audio_vae", load_audio_vae), {"samples": torch.randn(1, 8, 18, 16)}))
     counts["audio decode"], checks.calls = checks.calls, 0
     frames = torch.rand(24, 16, 16, 3)
-    LTX25DecoderCompare().compare(frames, frames, "a", "b", "side_by_side", False)
+    asyncio.run(LTX25DecoderCompare().compare(frames, frames, "a", "b", "side_by_side", False))
     counts["compare"], checks.calls = checks.calls, 0
     LTX25DiffusionVAEDecode().decode(loaded("diffusion_vae", load_diffusion_vae), {"samples": torch.randn(
         1, 128, 2, 2, 2)}, "sdpa", 0, 0, "off", 80, 512, 40, 160, 0.0)  # one tile, one step

@@ -1,6 +1,7 @@
 """The decoder A/B node: the same latents decoded by both video VAEs, side by side, with a JSON report."""
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -34,10 +35,17 @@ class LTX25DecoderCompare:
             "stats_b": ("LTX25_DECODE_STATS", {"tooltip": "Decoder B's cost figures."}),
         }}
 
-    def compare(self, images_a, images_b, label_a, label_b, layout, resize_b, stats_a=None, stats_b=None):
+    async def compare(self, images_a, images_b, label_a, label_b, layout, resize_b, stats_a=None, stats_b=None):
+        """A coroutine whose work runs on a worker thread: ComfyUI's executor picks ready output nodes first, and
+        while this one computed, the saves of both decodes (output nodes too, ready as soon as their frames are)
+        waited for it; now they start beside it."""
         images_b = check_comparable(images_a, images_b, resize_b)
         check_labels(label_a, label_b)  # before the viewer's frames are started
         bridge.check_interrupt()  # nor started for a run being stopped
+        return await asyncio.to_thread(_like_caller(self._compare), images_a, images_b, label_a, label_b, layout,
+                                       stats_a, stats_b)
+
+    def _compare(self, images_a, images_b, label_a, label_b, layout, stats_a, stats_b):
         picks = preview_frame_indices(images_a.shape[0])
         folder = bridge.temp_dir()
         frames = {side: [{"filename": name, "subfolder": "", "type": "temp"}
