@@ -375,11 +375,11 @@ def _previews_in_line(*args, **kwargs):
 
 
 def _compare_in_line(self, images_a, images_b, label_a, label_b, layout, resize_b, stats_a=None, stats_b=None):
-    """The compare before it became a coroutine: its work on the graph's thread, the saves waiting for it."""
-    from nodes.ltx.decode.compare import check_comparable, check_labels
-    images_b = check_comparable(images_a, images_b, resize_b)
+    """The compare as a plain function: its work on the graph's thread, the saves waiting for it."""
+    from nodes.ltx.decode.compare import check_labels
     check_labels(label_a, label_b)
-    return self._compare(images_a, images_b, label_a, label_b, layout, stats_a, stats_b)
+    return self._compare(images_a, images_b, label_a, label_b, layout, resize_b, stats_a, stats_b,
+                         bridge.check_interrupt)
 
 
 # --ab: (variant, patch → undo) pairs, each a bench-only patch of one choice the pack makes

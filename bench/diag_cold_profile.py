@@ -1,7 +1,7 @@
 """Where a truly cold A/B graph run spends its time, by Python function (cProfile over the first run of a fresh
-process; the pack's cache folder pointed at an empty one). Per-node seconds as `bench_ab_graph.py` prints them, then
-the functions with the most cumulative time under each slow node's call, filtered to the layers that cold work lives
-in (CUDA/cuBLAS/cuDNN setup, Triton compiles, Dynamo/Inductor, imports).
+process; the pack's cache folder pointed at an empty one). Per-node seconds, then, for each plain node over half a
+second, the functions with the most cumulative time under its call (async nodes run beside others and are timed
+only). The real-shape models are built in memory as `bench_ab_graph.py` builds them, Gemma kept on the card.
 
     python bench/diag_cold_profile.py --out $OUT/cold_profile.txt [--acceleration auto]
 """
@@ -48,18 +48,19 @@ def main() -> int:
     write_tiny_set(os.path.join(work, "models"))
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
-    preset, _, _ = ab.build_real(device, os.path.join(work, "models", *OFFICIAL_FILES["text_encoder"]))
+    preset, _, _ = ab.build_real(device, os.path.join(work, "models", *OFFICIAL_FILES["text_encoder"]),
+                                 release_to_host=False)
     torch.cuda.synchronize()
     profiles, seconds = {}, {}
 
     classes = {k: NODE_CLASS_MAPPINGS[v["class_type"]] for k, v in prompt.items()}
-    # async nodes (the saves, the audio decode) run as tasks beside later nodes, and only one profiler may run at a
-    # time: those are timed only
-    saves = {k for k, c in classes.items() if inspect.iscoroutinefunction(getattr(c, c.FUNCTION))}
+    # async nodes (the saves, the audio decode, the compare) run as tasks beside later nodes, and only one profiler
+    # may run at a time: those are timed only
+    async_nodes = {k for k, c in classes.items() if inspect.iscoroutinefunction(getattr(c, c.FUNCTION))}
 
     def on_start(node_id: str) -> None:
         torch.cuda.synchronize()
-        if node_id not in saves:
+        if node_id not in async_nodes:
             profiles[node_id] = cProfile.Profile()
             profiles[node_id].enable()
 

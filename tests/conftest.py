@@ -55,16 +55,22 @@ def transformer(transformer_path):
 
 
 @pytest.fixture(scope="session")
-def tiny_models(tiny_dir, tiny_file) -> str:
-    """The whole tiny set (and the dev template's two extra files); also made the standalone models folder of the
-    bridge."""
-    from nodes.comfy import bridge as comfy_bridge
+def tiny_set(tiny_dir, tiny_file) -> str:
+    """The whole tiny set (and the dev template's two extra files), written once."""
     from nodes.tools.tiny.lora import write_tiny_dev_files
     for component in tiny.tiny_paths(tiny_dir):
         tiny_file(component)
     write_tiny_dev_files(tiny_dir)  # the dev transformer and the distilled LoRA of the dev template
-    comfy_bridge.set_models_dir(tiny_dir)
     return tiny_dir
+
+
+@pytest.fixture
+def tiny_models(tiny_set) -> str:
+    """The tiny set, made the standalone models folder of the bridge for each test that asks (a test elsewhere may
+    have pointed the bridge at a folder of its own)."""
+    from nodes.comfy import bridge as comfy_bridge
+    comfy_bridge.set_models_dir(tiny_set)
+    return tiny_set
 
 
 @pytest.fixture(scope="module")

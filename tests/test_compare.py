@@ -76,8 +76,7 @@ def test_mismatched_frames_or_sizes_are_refused_unless_resize_is_asked():
 def test_report_carries_each_decoders_costs():
     stats_a = DecodeStats("conv", 0.5, 2**30, 4, ((17, 64, 64),) * 4)
     stats_b = DecodeStats("diffusion", 1.5, 3 * 2**30, 1, ((17, 128, 128),), processor="sdpa", steps=1)
-    out = run_compare(frames(), frames(2), "conv", "diffusion", "side_by_side", False,
-                                        stats_a, stats_b)
+    out = run_compare(frames(), frames(2), "conv", "diffusion", "side_by_side", False, stats_a, stats_b)
     report = json.loads(out["result"][1])
     assert report["decoders"]["conv"]["tiles"] == 4 and report["decoders"]["diffusion"]["processor"] == "sdpa"
     assert report["decoders"]["diffusion"]["peak_memory_gib"] == 3.0
@@ -213,3 +212,39 @@ def test_equal_labels_are_refused_before_any_preview_is_started(tmp_path, monkey
     with pytest.raises(LTX25Error, match="label"):
         run_compare(frames(), frames(1), "same", "same", "side_by_side", False)
     assert started == []
+
+
+def test_the_compare_works_off_the_calling_thread_and_stops_when_its_run_is_cancelled(monkeypatch):
+    """The node is a coroutine whose metrics and canvas are computed on a worker thread, so the executor can start
+    the saves beside it (tests/test_graph.py); an `async def` computing in place would hold them again. A run
+    cancelled meanwhile (a later node failed) stops that work at its next check instead of letting it finish."""
+    import threading
+    import time
+    from nodes.comfy import compare as node_module
+    threads, checks, started = [], [], threading.Event()
+    real_report = node_module.compare_report
+
+    def recording_report(*args, check, **kwargs):
+        threads.append(threading.get_ident())
+        if len(threads) == 1:  # the first call: computed to the end
+            return real_report(*args, check=check, **kwargs)
+        started.set()
+        for _ in range(200):  # the second: a long one, watching its check
+            check()
+            checks.append(1)
+            time.sleep(0.005)
+        return real_report(*args, check=check, **kwargs)
+    monkeypatch.setattr(node_module, "compare_report", recording_report)
+    run(frames(), frames(1))
+    assert threads == [threads[0]] and threads[0] != threading.get_ident()
+
+    async def cancel_while_comparing():
+        task = asyncio.ensure_future(LTX25DecoderCompare().compare(frames(), frames(1), "a", "b", "side_by_side",
+                                                                   False))
+        while not started.is_set():
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    asyncio.run(cancel_while_comparing())  # returns once the worker thread is done
+    assert 0 < len(checks) < 200, len(checks)

@@ -359,4 +359,3 @@ def test_the_saves_of_both_decodes_start_while_the_compare_computes(monkeypatch)
              and compare not in {value[0] for value in node["inputs"].values() if run.is_link(value)}]
     assert len(saves) == 2 and events.index(compare) < events.index(f"end {compare}"), events
     assert all(events.index(save) < events.index(f"end {compare}") for save in saves), events
-

@@ -101,18 +101,24 @@ class _Blocks(torch.nn.Module):
         return [self.blocks]
 
 
+def _load_mapped(tmp_path, cls) -> tuple[torch.nn.Module, str, dict]:
+    """A `cls` whose weights are views of a safetensors file's map (no page read yet); the path and the values."""
+    path = str(tmp_path / "weights.safetensors")
+    values = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(i))
+              for i, (k, v) in enumerate(cls().state_dict().items())}
+    save_file(values, path)
+    with torch.device("meta"):
+        model = cls()
+    with safe_open(path, framework="pt") as f:
+        model.load_state_dict({k: f.get_tensor(k) for k in f.keys()}, assign=True)
+    return model, path, values
+
+
 @pytest.fixture
 def mapped_model(tmp_path):
     """`_Blocks` whose weights are views of a safetensors file's map, every page read once (as a copy reads it);
     with the file's path and the weights' values."""
-    path = str(tmp_path / "weights.safetensors")
-    values = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(i))
-              for i, (k, v) in enumerate(_Blocks().state_dict().items())}
-    save_file(values, path)
-    with torch.device("meta"):
-        model = _Blocks()
-    with safe_open(path, framework="pt") as f:
-        model.load_state_dict({k: f.get_tensor(k) for k in f.keys()}, assign=True)
+    model, path, values = _load_mapped(tmp_path, _Blocks)
     for t in model.parameters():
         t.detach().sum()
     return model, path, values
@@ -214,7 +220,6 @@ def test_nothing_is_released_where_madvise_is_missing(mapped_model, monkeypatch)
     assert all(t.is_meta for t in model.parameters())
 
 
-
 class _NoBlocks(torch.nn.Module):
     """A decoder's shape of model: weights, no streamable blocks."""
 
@@ -230,24 +235,11 @@ class _ThreeBlocks(_Blocks):
         self.blocks.append(torch.nn.Linear(512, 1024, bias=False))
 
 
-def _load_mapped(tmp_path, cls) -> tuple[torch.nn.Module, str, dict]:
-    """A `cls` whose weights are views of a safetensors file's map (no page read yet); the path and the values."""
-    path = str(tmp_path / "weights.safetensors")
-    values = {k: torch.randn(v.shape, generator=torch.Generator().manual_seed(i))
-              for i, (k, v) in enumerate(cls().state_dict().items())}
-    save_file(values, path)
-    with torch.device("meta"):
-        model = cls()
-    with safe_open(path, framework="pt") as f:
-        model.load_state_dict({k: f.get_tensor(k) for k in f.keys()}, assign=True)
-    return model, path, values
-
-
 @linux_only
 def test_an_evicted_model_without_blocks_takes_its_file_back_instead_of_a_host_copy(tmp_path):
     """A decoder evicted for another model (the text encoder's next prompt, on a small card) goes back to its file's
-    views: nothing copied, no host memory held (before, a pinned copy of it stayed in the process for good). Placed
-    again, it reads the same values. Placed on meta (the copy reads nothing), evicted to the CPU: a tensor without a
+    views: nothing copied, no host memory held (a pinned copy would stay in the process for good). Placed again, it
+    reads the same values. Placed on meta (the copy reads nothing), evicted to the CPU: a tensor without a
     host copy could not come back from meta at all."""
     model, path, values = _load_mapped(tmp_path, _NoBlocks)
     for _ in range(2):

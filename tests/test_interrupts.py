@@ -298,8 +298,8 @@ def test_one_interrupt_stops_both_a_computing_node_and_a_save_beside_it():
 
 
 def test_the_runner_says_an_interrupted_async_node_stopped_and_a_broken_one_failed(capsys, monkeypatch):
-    """A save stopped by the user is reported as stopped, not as a failure to look into (it said "[run] 3 failed");
-    a save that raises is still a failure."""
+    """A save stopped by the user is reported as stopped, not as a failure to look into; a save that raises is still
+    a failure."""
     Steps.done, Save.frames = [], []
     with pytest.raises(bridge.InterruptError):
         run.execute(copy.deepcopy(GRAPH), CLASSES, on_start=lambda node: node == "3" and bridge.request_interrupt())

@@ -145,7 +145,7 @@ def test_streamed_text_encoder_is_bit_identical_to_resident(tiny_file):
     total = streaming.tensor_bytes([t for _, _, t in streaming._owned_tensors(module)])
     plan = streaming.place(module, torch.device("cpu"), total - 3 * largest + 2 * largest, where="test")
     assert 0 < plan.resident_blocks < len(layers)
-    assert streaming.streamer_of(module).files is not None, "the text encoder's streamed layers would be pinned"
+    assert not streaming.streamer_of(module).pin, "the text encoder's streamed layers would be pinned"
     got = te.run_encoder(module, tokens.ids, tokens.mask)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 

@@ -431,6 +431,27 @@ def test_turning_keep_loaded_off_frees_gemma_even_on_a_cache_hit(spec, count_loa
     assert len(count_loads) == 1 and count_loads[0]() is None and bridge.loaded_model_count() == others
 
 
+def test_a_kept_encoder_whose_placement_fails_is_loaded_afresh_next_time(spec, count_loads, monkeypatch):
+    """keep_loaded, and the next placement fails (out of memory): the node frees the module where it is, so it
+    must not be kept for the next prompt: kept weightless, every later encode would fail ("Cannot copy out of meta
+    tensor") until keep_loaded was turned off."""
+    node = LTX25EncodePrompt()
+    node.encode(spec, "a red fox", keep_loaded=True)
+    load = bridge.load_models
+
+    def out_of_memory(patchers, memory_required=0):
+        raise torch.OutOfMemoryError("the test's card is full")
+    monkeypatch.setattr(bridge, "load_models", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        node.encode(spec, "a blue bird", keep_loaded=True)
+    monkeypatch.setattr(bridge, "load_models", load)
+    got = node.encode(spec, "a white owl", keep_loaded=True)[0]
+    te.release_resident(bridge.unload_model)
+    te.clear_caches()
+    want = node.encode(spec, "a white owl")[0]
+    assert torch.equal(got.video, want.video) and torch.equal(got.audio, want.audio)
+
+
 def test_interrupt_mid_forward_still_frees_gemma(spec, count_loads):
     """An interrupt raised from the progress callback must not leave the 24 GB module behind."""
     def interrupt(done, total):

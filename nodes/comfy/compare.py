@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -37,15 +38,25 @@ class LTX25DecoderCompare:
 
     async def compare(self, images_a, images_b, label_a, label_b, layout, resize_b, stats_a=None, stats_b=None):
         """A coroutine whose work runs on a worker thread: ComfyUI's executor picks ready output nodes first, and
-        while this one computed, the saves of both decodes (output nodes too, ready as soon as their frames are)
-        waited for it; now they start beside it."""
-        images_b = check_comparable(images_a, images_b, resize_b)
+        the saves of both decodes (output nodes too, ready as soon as their frames are) then start beside it
+        rather than after it. A cancelled run stops that work at its next check."""
         check_labels(label_a, label_b)  # before the viewer's frames are started
         bridge.check_interrupt()  # nor started for a run being stopped
-        return await asyncio.to_thread(_like_caller(self._compare), images_a, images_b, label_a, label_b, layout,
-                                       stats_a, stats_b)
+        stopped = threading.Event()
 
-    def _compare(self, images_a, images_b, label_a, label_b, layout, stats_a, stats_b):
+        def check() -> None:
+            if stopped.is_set():
+                raise bridge.InterruptError("the run was cancelled while the decodes were compared")
+            bridge.check_interrupt()
+        try:
+            return await asyncio.to_thread(_like_caller(self._compare), images_a, images_b, label_a, label_b, layout,
+                                           resize_b, stats_a, stats_b, check)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+
+    def _compare(self, images_a, images_b, label_a, label_b, layout, resize_b, stats_a, stats_b, check):
+        images_b = check_comparable(images_a, images_b, resize_b)
         picks = preview_frame_indices(images_a.shape[0])
         folder = bridge.temp_dir()
         frames = {side: [{"filename": name, "subfolder": "", "type": "temp"}
@@ -55,7 +66,7 @@ class LTX25DecoderCompare:
             # the canvas is made on another thread while the metrics run on the GPU
             canvas = pool.submit(_like_caller(side_by_side), images_a, images_b, label_a, label_b, layout)
             report = compare_report(images_a, images_b, (label_a, label_b), {"a": stats_a, "b": stats_b},
-                                    bridge.compute_device(), check=bridge.check_interrupt)
+                                    bridge.compute_device(), check=check)
             canvas = canvas.result()
         text = report_json(report)
         viewer = {"frames_a": frames["a"], "frames_b": frames["b"], "frame_indices": picks,

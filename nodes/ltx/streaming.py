@@ -22,11 +22,12 @@ Two kinds of model hold no pinned memory of their own, since for them it would c
 little time:
 - a model without blocks (a decoder, the upsampler: ≤ 1 GiB each) keeps, as the host copy of a weight placed from
   its file, that file's view: evicting it copies nothing and holds no memory, and placing it again reads the file
-  (its pages are the page cache's), a fraction of a second;
+  at pageable speed (from the page cache when the pages are still there), a few tenths of a second. The file must
+  stay as it was while the model lives, as it must while it is first placed;
 - a model whose class sets `PIN_STREAMED = False` (the text encoder: one forward per new prompt) streams its blocks
-  straight from where they are, usually its file's pages, each page given back once copied: a pinned copy of its
-  streamed share would take longer to make than the pageable copies it speeds up, and would sit beside the
-  evicted transformer's (docs/PERFORMANCE.md, "Host memory").
+  straight from where they are, usually its file's pages, each page given back once copied: on a small card a
+  pinned copy of its streamed share (4.6 GiB) sat beside the evicted transformer's for good, for one pageable
+  copy's worth of time a prompt (docs/PERFORMANCE.md, "Host memory").
 
 The streamer works on whatever tensors of the blocks are off the device when it is installed, or on the tensors its
 caller picks, so it also covers a placement made by someone else (ComfyUI's partial loading leaves whole layers on the
@@ -115,7 +116,7 @@ class Placement:
                     f"{self.working_bytes / GIB:.2f} GiB working memory")
         return (f"{name}: {self.resident_blocks} of {self.total_blocks} blocks resident "
                 f"({self.resident_bytes / GIB:.2f} GiB on the device), {self.total_blocks - self.resident_blocks} "
-                f"streamed from pinned host memory ({self.streamed_bytes / GIB:.2f} GiB per forward, through "
+                f"streamed from host memory ({self.streamed_bytes / GIB:.2f} GiB per forward, through "
                 f"{self.slot_bytes / GIB:.2f} GiB of slots); expected peak {self.peak_bytes / GIB:.2f} GiB")
 
 
@@ -154,8 +155,8 @@ def plan_placement(other_bytes: int, block_bytes: Sequence[int], working_bytes: 
 def place(model: nn.Module, device: torch.device, budget: int, working_bytes: int = 0,
           where: str = "model", keep_host: bool = False) -> Placement:
     """Move `model` onto `device` within `budget` bytes (weights + `working_bytes`), streaming the blocks that do not
-    fit; any earlier streamer is removed first. `keep_host`: keep pinned host copies of what moves onto the device
-    (module docstring). Returns the placement (log it: it is the plan users read)."""
+    fit; any earlier streamer is removed first. `keep_host`: keep host copies of what moves onto the device (pinned,
+    or the file's views for a model without blocks: module docstring). Returns the placement (log it: it is the plan users read)."""
     remove_streamer(model)
     device = _concrete(device)
     blocks = blocks_of(model)
@@ -192,7 +193,8 @@ def place(model: nn.Module, device: torch.device, budget: int, working_bytes: in
 
 
 def _host_copies(model: nn.Module) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """id(device tensor) → (that tensor, its pinned host copy); the device tensor is held so its id stays unique."""
+    """id(device tensor) → (that tensor, its host copy: pinned, or a view of the file it was placed from); the
+    device tensor is held so its id stays unique."""
     return vars(model).setdefault("_ltx25_host_copies", {})
 
 
@@ -310,9 +312,11 @@ class BlockStreamer:
         mappings (read now when not given), whose pages a view copied into pinned memory gives back. Without `pin`
         the tensors are copied from where they are (pageable: each copy holds the thread until the bytes are read),
         and a file view's pages are given back after each copy."""
-        self.blocks, self.device = list(blocks), _concrete(device)
-        files = files if files is not None else FileMappings.current()
-        self.files = None if pin else files
+        self.blocks, self.device, self.pin = list(blocks), _concrete(device), pin
+        self.files = files if files is not None else FileMappings.current()
+        files = self.files
+        # streamed block index → its tensors that are pageable views of a file, whose pages each copy gives back
+        self.release_after_copy: dict[int, list[torch.Tensor]] = {}
         forced = set(map(id, force_stream))
         self.streamed: dict[int, _Streamed] = {}
         for index, block in enumerate(self.blocks):
@@ -330,6 +334,9 @@ class BlockStreamer:
                     host = host.pin_memory()  # pinned: the copy is asynchronous and runs at the link's speed
                     files.release(tensor)
                 _assign(table, name, host)
+                if not pin and not host.is_pinned() and files.mapping_of(host) is not None:
+                    # (a pinned source, such as ComfyUI's registered pages, is copied asynchronously: kept)
+                    self.release_after_copy.setdefault(index, []).append(host)
                 function = transform(owner, name) if transform is not None else None
                 if function is not None:
                     transforms[len(entries)] = function
@@ -396,9 +403,8 @@ class BlockStreamer:
                 event = torch.cuda.Event()
                 event.record(self.copy_stream)
                 self.ready[index] = event
-        if self.files is not None:  # a copy from pageable memory has read its source when it returns
-            for _, _, host, _ in streamed.entries:
-                self.files.release(host)
+        for host in self.release_after_copy.get(index, ()):  # a copy from pageable memory has read its source
+            self.files.release(host)                         # when it returns
         self.slot_of[index] = slot
         self.bytes_copied += streamed.nbytes
 

@@ -300,6 +300,8 @@ def _comfy_discard(patcher) -> None:
     Its unload moves the module to the patcher's offload device (ModelPatcher.unpatch_model: `model.to(device_to)`),
     so for a model its caller drops right after (Gemma after its encode) that was a copy of every weight on the card
     into new host memory, up to 24 GiB, made only to be freed."""
-    patcher.offload_device = torch.device("meta")
-    _comfy_unload(patcher)
-
+    offload_device, patcher.offload_device = patcher.offload_device, torch.device("meta")
+    try:
+        _comfy_unload(patcher)
+    finally:
+        patcher.offload_device = offload_device

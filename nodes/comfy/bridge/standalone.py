@@ -87,9 +87,9 @@ class StandalonePatcher:
             return changed
         changed = changed or bool(state["backup"] or self.patches)
         tensors = self.model.state_dict(keep_vars=True)
-        # Changed in place below: their pinned host copies (streaming.place) would be stale. A copy of a weight
-        # about to be merged for the first time holds its original: it becomes the backup, no copy needed.
-        pinned = streaming.forget_host_copies(self.model, [tensors[key] for key in (*state["backup"], *self.patches)])
+        # Changed in place below: their host copies (streaming.place) would be stale. A copy of a weight about to
+        # be merged for the first time holds its original: it becomes the backup, no copy needed.
+        host_copies = streaming.forget_host_copies(self.model, [tensors[key] for key in (*state["backup"], *self.patches)])
         backup = state["backup"]  # weight key → its original on the host, only while the module holds it merged
         with torch.no_grad():
             for key in [k for k in backup if k not in self.patches]:
@@ -99,7 +99,7 @@ class StandalonePatcher:
                 if key in backup:  # merged by the previous view: start again from the original
                     original = backup[key].to(weight.device, torch.float32)
                 else:  # copied once per merged weight, kept while a view merges it
-                    kept = pinned.get(id(weight))
+                    kept = host_copies.get(id(weight))
                     backup[key] = kept if kept is not None else weight.detach().to("cpu", copy=True)
                     original = weight.float()
                 patched = original + sum(strength * _patch_delta(value, weight.device) for strength, value in entries)

@@ -300,18 +300,20 @@ def _encode_uncached(spec: TextEncoderSpec, file_key: tuple, texts: list[str], k
     if _resident and file_key not in _resident:  # another encoder is kept loaded: free it first
         release_resident(release_hook)
     module, handle = _resident.pop(file_key, (None, None))
+    placed = False
     try:
         if module is None:
             module = load_text_encoder(spec)
         if load_hook is not None:
             handle = load_hook(module, handle)
+        placed = True  # a hook that fails has freed the module itself: it is neither kept nor released again
         video, audio = run_encoder(module, tokens.ids, tokens.mask, on_step)
         # Copy each row out of inference mode: ordinary CPU tensors, safe to cache and to use in any mode later.
         return {t: (video[i:i + 1].to("cpu", copy=True), audio[i:i + 1].to("cpu", copy=True),
                     tokens.mask[i:i + 1].clone()) for i, t in enumerate(texts)}
     finally:
-        if keep_loaded and module is not None:
+        if keep_loaded and placed:
             _resident[file_key] = (module, handle)
-        elif handle is not None and release_hook is not None:
+        elif placed and handle is not None and release_hook is not None:
             release_hook(handle)
         del module, handle
