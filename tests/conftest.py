@@ -64,10 +64,10 @@ def tiny_set(tiny_dir, tiny_file) -> str:
     return tiny_dir
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def tiny_models(tiny_set) -> str:
-    """The tiny set, made the standalone models folder of the bridge for each test that asks (a test elsewhere may
-    have pointed the bridge at a folder of its own)."""
+    """The tiny set, made the standalone models folder of the bridge for each test module that asks (a test of
+    another module may have pointed the bridge at a folder of its own)."""
     from nodes.comfy import bridge as comfy_bridge
     comfy_bridge.set_models_dir(tiny_set)
     return tiny_set
