@@ -156,7 +156,8 @@ def place(model: nn.Module, device: torch.device, budget: int, working_bytes: in
           where: str = "model", keep_host: bool = False) -> Placement:
     """Move `model` onto `device` within `budget` bytes (weights + `working_bytes`), streaming the blocks that do not
     fit; any earlier streamer is removed first. `keep_host`: keep host copies of what moves onto the device (pinned,
-    or the file's views for a model without blocks: module docstring). Returns the placement (log it: it is the plan users read)."""
+    or the file's views for a model without blocks: module docstring). Returns the placement (log it: it is the
+    plan users read)."""
     remove_streamer(model)
     device = _concrete(device)
     blocks = blocks_of(model)
@@ -313,8 +314,7 @@ class BlockStreamer:
         the tensors are copied from where they are (pageable: each copy holds the thread until the bytes are read),
         and a file view's pages are given back after each copy."""
         self.blocks, self.device, self.pin = list(blocks), _concrete(device), pin
-        self.files = files if files is not None else FileMappings.current()
-        files = self.files
+        files = self.files = files if files is not None else FileMappings.current()
         # streamed block index → its tensors that are pageable views of a file, whose pages each copy gives back
         self.release_after_copy: dict[int, list[torch.Tensor]] = {}
         forced = set(map(id, force_stream))

@@ -89,7 +89,8 @@ class StandalonePatcher:
         tensors = self.model.state_dict(keep_vars=True)
         # Changed in place below: their host copies (streaming.place) would be stale. A copy of a weight about to
         # be merged for the first time holds its original: it becomes the backup, no copy needed.
-        host_copies = streaming.forget_host_copies(self.model, [tensors[key] for key in (*state["backup"], *self.patches)])
+        host_copies = streaming.forget_host_copies(self.model,
+                                                   [tensors[key] for key in (*state["backup"], *self.patches)])
         backup = state["backup"]  # weight key → its original on the host, only while the module holds it merged
         with torch.no_grad():
             for key in [k for k in backup if k not in self.patches]:
