@@ -11,8 +11,9 @@ registered with `nodes.comfy.handles.Loaded.register` under a minimal AssetInfo 
 `Loaded` stands in for the loader's output. The text encoder is fed to the real Encode Prompt node: its spec is read
 from the tiny text-encoder file (tokenizer: the tiny one, ids padded to the real 1024 tokens) with the real Gemma
 config swapped in, and `text_encoder.load_text_encoder` is replaced by one returning the in-memory module (so the node's
-load/offload hooks run as usual, except that its release unloads the module instead of freeing it: the bench has
-only this one copy for every prompt). Every other node runs unchanged, in the workflow's dependency order.
+load/offload hooks run as usual, except that its release unloads the module on a capped card, or leaves it on the
+whole card, instead of freeing it: the bench has only this one copy for every prompt). Every other node runs
+unchanged, in the workflow's dependency order.
 With `--heavy-files DIR` the transformer and Gemma load from real-shape files through their loader nodes instead and
 the small models become views of files written for them, so the host memory figures are those of a user's run.
 
@@ -153,7 +154,7 @@ def build_real(device: torch.device, tiny_text_encoder: str | None, transformer_
         # The node frees a released encoder where it is (it loads the file again next time); this one module must
         # survive for the next uncached prompt. On a capped card its release unloads it to the host instead; on the
         # whole card it stays there (nothing needs its memory): that unload's first pinned copy of 24 GiB took 8 s
-        # of the cold run's encode, a cost no user pays (`diag_cold_profile.py`).
+        # of the cold run's encode, which the node, freeing the encoder, does not spend (`diag_cold_profile.py`).
         bridge.discard_model = bridge.unload_model if release_to_host else (lambda patcher: None)
         out["2"] = (spec,)
 
