@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -42,17 +41,12 @@ class LTX25DecoderCompare:
         rather than after it. A cancelled run stops that work at its next check."""
         check_labels(label_a, label_b)  # before the viewer's frames are started
         bridge.check_interrupt()  # nor started for a run being stopped
-        stopped = threading.Event()
-
-        def check() -> None:
-            if stopped.is_set():
-                raise bridge.InterruptError("the run was cancelled while the decodes were compared")
-            bridge.check_interrupt()
+        check = bridge.TaskCheck("the run was cancelled while the decodes were compared", bridge.check_interrupt)
         try:
             return await asyncio.to_thread(_like_caller(self._compare), images_a, images_b, label_a, label_b, layout,
                                            resize_b, stats_a, stats_b, check)
         except asyncio.CancelledError:
-            stopped.set()
+            check.stop()
             raise
 
     def _compare(self, images_a, images_b, label_a, label_b, layout, resize_b, stats_a, stats_b, check):

@@ -72,12 +72,8 @@ class LTX25SaveVideo:
         tags = _tags(metadata, prompt, extra_pnginfo)
         name = mp4.reserve(bridge.output_dir(), filename_prefix, _run_counter(prompt), where=f"{NODE}.filename_prefix")
         _remember_run_counter(prompt, name.number)
-        stopped, started = threading.Event(), threading.Event()
-
-        def check() -> None:
-            if stopped.is_set():
-                raise bridge.InterruptError("the run was cancelled while the video was being saved")
-            bridge.check_interrupt()
+        check = bridge.TaskCheck("the run was cancelled while the video was being saved", bridge.check_interrupt)
+        started = threading.Event()
 
         def encode() -> str:
             started.set()
@@ -86,7 +82,7 @@ class LTX25SaveVideo:
         try:
             path = await asyncio.to_thread(encode)
         except asyncio.CancelledError:
-            stopped.set()  # a running encode cannot be cancelled: it stops at its next frame and removes its part
+            check.stop()  # a running encode cannot be cancelled: it stops at its next frame and removes its part
             if not started.is_set():  # still queued for a thread, where cancelling drops it: the part is ours to
                 mp4.discard(name)  # remove (an encode starting meanwhile removes its own)
             raise

@@ -27,7 +27,7 @@ from .devices import (check_fits, compute_device, empty_cache, free_device_memor
                       module_bytes, offload_device, set_vram_budget_gb)
 from .folders import (list_model_files, model_file_path, output_dir, set_models_dir, set_output_dir, temp_dir,
                       user_directory)
-from .interrupts import InterruptError, check_interrupt, interrupt_scope, request_interrupt
+from .interrupts import InterruptError, TaskCheck, check_interrupt, interrupt_scope, request_interrupt
 from .low_rank import add_low_rank, low_rank_of, weight_patch
 from .models import (clone_patcher, discard_model, load_models, loaded_model_count, make_patcher, patch_key_prefix,
                      spare_device_memory, unload_model)
@@ -41,7 +41,7 @@ __all__ = [
     "memory_limit", "module_bytes", "offload_device", "set_vram_budget_gb",
     "list_model_files", "model_file_path", "output_dir", "set_models_dir", "set_output_dir",
     "temp_dir", "user_directory",
-    "InterruptError", "check_interrupt", "interrupt_scope", "request_interrupt",
+    "InterruptError", "TaskCheck", "check_interrupt", "interrupt_scope", "request_interrupt",
     "add_low_rank", "low_rank_of", "weight_patch",
     "clone_patcher", "discard_model", "load_models", "loaded_model_count", "make_patcher", "patch_key_prefix",
     "spare_device_memory", "unload_model",

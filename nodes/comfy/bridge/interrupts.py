@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import threading
+from typing import Callable, Iterator
 
 from .comfyui import HAS_COMFY, _mm
 
@@ -53,3 +54,23 @@ def interrupt_scope() -> Iterator[None]:
         yield
     finally:
         _interrupt_requested, _run_holds_interrupt = False, False
+
+
+class TaskCheck:
+    """The check for a node's work on a worker thread: call it between steps. It raises InterruptError once `stop()`
+    was called (the node's task was cancelled: a later node failed, the run stopped; that cannot stop a thread, so
+    the work stops itself at its next check), else runs `check`, the run's interrupt check the node passes
+    (`bridge.check_interrupt`)."""
+
+    def __init__(self, why: str, check: Callable[[], None]) -> None:
+        self.why, self.check = why, check
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def __call__(self) -> None:
+        if self._stopped.is_set():
+            raise InterruptError(self.why)
+        self.check()
+
