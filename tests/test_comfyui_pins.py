@@ -49,3 +49,14 @@ def test_checks_refuse_the_ranges_that_fought_comfyui():
     assert sorted(Requirement(line.split(" ")[0]).name for line in resolved) == ["comfy-kitchen", "transformers"], \
         resolved
     assert pins.comfyui_own_packages(old) == ["comfyui-frontend-package>=1.27"]
+
+
+def test_requirements_txt_is_the_pyproject_dependencies_but_torch():
+    """ComfyUI-Manager installs a node pack's requirements.txt, not pyproject.toml: without it a Manager install
+    lacks diffusers and the pack fails to import. It lists pyproject's dependencies except torch (ComfyUI's own
+    build must stay). Fails when the two lists drift apart or torch is listed."""
+    import os
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "requirements.txt")
+    listed = [Requirement(line) for line in pins.requirement_lines(path)]
+    expected = [r for r in pins.pack_requirements(extras=()) if r.name != "torch"]
+    assert sorted(map(str, listed)) == sorted(map(str, expected))
