@@ -16,7 +16,7 @@ from nodes.comfy import bridge as comfy_bridge
 from nodes.comfy import previews
 from nodes.registry import NODE_CLASS_MAPPINGS
 from nodes.tools import run, workflow_specs
-from nodes.tools.graph import ui_to_api, validate
+from nodes.tools.graph import input_specs, is_widget, ui_to_api, validate
 
 ROOT = workflow_specs.ROOT
 NAMES = sorted(workflow_specs.WORKFLOWS)
@@ -50,6 +50,54 @@ def test_ui_format_converts_to_its_api_twin(name):
     assert ui["version"] == 0.4 and all("title" in n for n in ui["nodes"])
     api = ui_to_api(ui, workflow_specs.CLASSES)
     assert api == load("api", f"{name}.json")
+
+
+def follow_two_stage_note(ui: dict) -> dict:
+    """`ui` as a user leaves it after the note on every template's Empty Latent: two_stage off, 'Upsample x2' and
+    'Stage 2' (nodes 11 and 12) bypassed."""
+    ui = json.loads(json.dumps(ui))
+    for node in ui["nodes"]:
+        if node["id"] in (11, 12):
+            node["mode"] = 4
+        if node["type"] == "LTX25EmptyLatent":
+            widgets = [n for n, (kind, _o, _r) in input_specs(NODE_CLASS_MAPPINGS["LTX25EmptyLatent"]).items()
+                       if is_widget(kind)]
+            node["widgets_values"][widgets.index("two_stage")] = False
+    return ui
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bypassing_stage_2_as_the_note_says_passes_each_latent_through(name):
+    """With 'Upsample x2' and 'Stage 2' bypassed, what read stage 2's video and audio latents reads stage 1's,
+    resolved as ComfyUI's frontend resolves a bypassed node (output i from input i when the types fit, else the
+    first input of that type). Fails with the latents after `model` and `conditioning` on the sampler: both
+    outputs then came from its video latent, and Audio Decode refused the video latent."""
+    ui = load(f"{workflow_specs.ui_name(name)}.json")
+    before = ui_to_api(ui, workflow_specs.CLASSES)
+    after = ui_to_api(follow_two_stage_note(ui), workflow_specs.CLASSES)
+    assert not {"11", "12"} & set(after) and after["5"]["inputs"]["two_stage"] is False
+    rewired = 0
+    for node_id, node in before.items():
+        for input_name, value in node["inputs"].items():
+            if isinstance(value, list) and value[0] == "12":
+                assert after[node_id]["inputs"][input_name] == ["10", value[1]], (node_id, input_name)
+                rewired += 1
+    assert rewired >= 2
+
+
+def test_the_t2v_template_runs_headless_with_stage_2_bypassed(tiny_models, tmp_path):
+    """The bypassed template queues and runs: one stage at the full size, the audio decoded from stage 1's audio."""
+    comfy_bridge.set_output_dir(str(tmp_path))
+    ui = follow_two_stage_note(load(f"{workflow_specs.ui_name('ltx25_t2v_distilled_conv')}.json"))
+    prompt = ui_to_api(ui, NODE_CLASS_MAPPINGS)
+    prompt["5"]["inputs"].update(TINY_OVERRIDES["5"])
+    validate(prompt, NODE_CLASS_MAPPINGS)
+    result = run.execute(prompt)
+    (path,) = saved_videos(prompt, result)
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        assert (stream.codec_context.width, stream.codec_context.height) == (192, 128)
+        assert sum(1 for _ in container.decode(video=0)) == 17 and container.streams.audio
 
 
 def tiny_prompt(name: str) -> dict:

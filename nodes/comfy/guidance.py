@@ -3,8 +3,8 @@ reference's video and audio guiders) and the guided sampler (dev schedule; Euler
 from __future__ import annotations
 
 from . import bridge
-from .sampling import (DEFAULT_FRAME_RATE, GUIDES_INPUT, LATENT_PAIR_TOOLTIPS, NOISE_LAYOUT_TOOLTIP, STAGE_INPUTS,
-                       check_working_memory, per_token, stage_latents, stage_noise, stage_outputs)
+from .sampling import (DEFAULT_FRAME_RATE, GUIDES_INPUT, LATENT_PAIR_TOOLTIPS, NOISE_LAYOUT_TOOLTIP, SEED_INPUT,
+                       STAGE_LATENTS, check_working_memory, per_token, stage_latents, stage_noise, stage_outputs)
 from ..ltx.dit import dev_sampling, guidance as ltx_guidance, sampling
 from ..ltx.errors import LTX25Error
 
@@ -79,9 +79,10 @@ class LTX25GuidedSampler:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
+            **STAGE_LATENTS,
             "model": ("LTX25_MODEL", {"tooltip": "The LTX-2.5 transformer: the dev checkpoint, maybe with LoRAs."}),
             "guider": ("LTX25_GUIDER", {"tooltip": "From LTX-2.5 Multimodal Guider."}),
-            **STAGE_INPUTS,
+            **SEED_INPUT,
             "steps": ("INT", {"default": dev_sampling.DEV_STEPS, "min": 1, "max": 1000,
                               "tooltip": "Steps of the dev schedule (stage 1; the reference: 30, its HQ variant 15)."}),
             "sampler": (list(dev_sampling.SAMPLERS), {"default": "euler", "tooltip": "euler: the reference's dev "

@@ -92,12 +92,16 @@ def per_token(held) -> dict:
 
 
 # The latents and seed both samplers (distilled and guided) take, in this order.
-STAGE_INPUTS = {
+# A sampler's first inputs, in the order of its outputs: bypassed (Ctrl+B, as the templates' two_stage note says for
+# stage 2) it then passes each latent through. ComfyUI's frontend feeds a bypassed node's output i from its input i
+# when the types match, else from its first input of that type: after `model` and `conditioning`, both outputs came
+# from `video_latent`, and Audio Decode got the video latent.
+STAGE_LATENTS = {
     "video_latent": ("LATENT", {"tooltip": "Stage 1: from Empty Latent. Stage 2: from Latent Upsample."}),
     "audio_latent": ("LATENT", {"tooltip": "Stage 1: from Empty Latent. Stage 2: stage 1's audio output."}),
-    "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED, "control_after_generate": True,
-                     "tooltip": "Noise seed (CPU generator: the same result on every device)."}),
 }
+SEED_INPUT = {"seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED, "control_after_generate": True,
+                               "tooltip": "Noise seed (CPU generator: the same result on every device)."})}
 
 
 class LTX25EmptyLatent:
@@ -149,9 +153,10 @@ class LTX25DistilledSampler:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
+            **STAGE_LATENTS,
             "model": ("LTX25_MODEL", {"tooltip": "The LTX-2.5 transformer (distilled checkpoint)."}),
             "conditioning": ("LTX25_CONDITIONING", {"tooltip": "Prompt conditioning from LTX-2.5 Connector."}),
-            **STAGE_INPUTS,
+            **SEED_INPUT,
             "stage": (["1", "2"], {"default": "1", "tooltip": "1: 8 steps from noise. 2: re-noise to 0.909375, "
                                    "3 Euler steps (after Latent Upsample)."}),
             "sampler": (list(sampling.SAMPLERS), {"default": "auto", "tooltip": "auto: Euler-ancestral for stage 1 "

@@ -45,22 +45,23 @@ def ui_to_api(workflow: Mapping[str, Any], classes: Mapping[str, type]) -> dict[
 
     Widgets map positionally onto the widget inputs in INPUT_TYPES order; the UI-only value that follows a
     `control_after_generate` INT (e.g. "fixed") is skipped; a widget fed by a link keeps a saved value, which the
-    link overrides (as the canvas saves it); links become [source_id, slot]; muted (mode 2) nodes
-    and notes are left out; bypassed (mode 4) nodes are refused since the runner has no pass-through.
+    link overrides (as the canvas saves it); links become [source_id, slot], followed through bypassed (mode 4)
+    nodes as the canvas does (`_bypassed_source`); muted (mode 2) nodes and notes are left out, and so is an input
+    whose value would come from a muted node.
     """
     links = {link[0]: link for link in workflow.get("links", [])}
+    nodes = {str(node["id"]): node for node in workflow["nodes"]}
     prompt: dict[str, dict] = {}
     for node in workflow["nodes"]:
         class_type = node["type"]
-        if node.get("mode", 0) == 2 or class_type in ("Note", "MarkdownNote"):
+        if node.get("mode", 0) in (2, 4) or class_type in ("Note", "MarkdownNote"):
             continue
         node_id = str(node["id"])
-        if node.get("mode", 0) == 4:
-            raise GraphError(node_id, class_type, None, "bypassed nodes are not supported by the headless runner")
         if class_type not in classes:
             raise GraphError(node_id, class_type, None, "unknown node class (is the pack installed?)")
         inputs: dict[str, Any] = {}
         linked = {i["name"]: i.get("link") for i in node.get("inputs", [])}
+        input_types = {i["name"]: i.get("type", "*") for i in node.get("inputs", [])}
         values = list(node.get("widgets_values", []))
         for name, (kind, options, _required) in input_specs(classes[class_type]).items():
             if is_widget(kind) and values:
@@ -68,13 +69,55 @@ def ui_to_api(workflow: Mapping[str, Any], classes: Mapping[str, type]) -> dict[
                 if has_control_value(name, kind, options) and values and values[0] in ("fixed", "randomize", "increment", "decrement"):
                     values.pop(0)
             if linked.get(name) is not None:
-                link = links[linked[name]]
-                inputs[name] = [str(link[1]), link[2]]
+                source = _bypassed_source(links[linked[name]], input_types[name], nodes, links)
+                if source is not None:
+                    inputs[name] = source
+                elif not is_widget(kind):
+                    inputs.pop(name, None)
         entry = {"class_type": class_type, "inputs": inputs}
         if node.get("title"):
             entry["_meta"] = {"title": node["title"]}
         prompt[node_id] = entry
     return prompt
+
+
+def _bypassed_source(link: list, target_type: str, nodes: Mapping[str, dict],
+                     links: Mapping[int, list]) -> list | None:
+    """[source id, slot] of `link` as ComfyUI's frontend resolves it (litegraph's ExecutableNodeDTO.resolveOutput):
+    a bypassed node's output i comes from its input i when that input's type fits both the output and the target
+    input, else from its first input of exactly the target's type, else from its first input that fits both;
+    through any number of bypassed nodes. None when the value would come from a muted node or an unlinked input."""
+    seen: set[tuple[str, int]] = set()
+    while True:
+        origin, slot = str(link[1]), link[2]
+        node = nodes.get(origin)
+        if node is None or node.get("mode", 0) == 2:
+            return None
+        if node.get("mode", 0) != 4:
+            return [origin, slot]
+        if (origin, slot) in seen:
+            raise GraphError(origin, node["type"], None, "bypassed nodes feed each other in a loop")
+        seen.add((origin, slot))
+        inputs, outputs = node.get("inputs", []), node.get("outputs", [])
+        output_type = outputs[slot]["type"] if slot < len(outputs) else link[5]
+        fits = [_fits(i.get("type", "*"), output_type) and _fits(i.get("type", "*"), target_type) for i in inputs]
+        if target_type in ("*", ""):
+            index = slot if slot < len(inputs) else 0
+        elif slot < len(inputs) and fits[slot]:
+            index = slot
+        else:
+            index = next((k for k, i in enumerate(inputs) if i.get("type") == target_type),
+                         next((k for k, ok in enumerate(fits) if ok), -1))
+        if not 0 <= index < len(inputs) or inputs[index].get("link") is None:
+            return None
+        link = links[inputs[index]["link"]]
+
+
+def _fits(input_type: str, output_type: str) -> bool:
+    """litegraph's isValidConnection: equal types, a wildcard, or comma-separated lists that share a type."""
+    if input_type in ("*", "") or output_type in ("*", "") or input_type == output_type:
+        return True
+    return bool(set(str(input_type).lower().split(",")) & set(str(output_type).lower().split(",")))
 
 
 def check_classes(prompt: Mapping[str, dict], classes: Mapping[str, type]) -> None:
