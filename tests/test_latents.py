@@ -70,6 +70,14 @@ def test_empty_latent_node_outputs():
     assert not video["samples"].any() and not audio["samples"].any()
 
 
+@pytest.mark.parametrize("frames, fps, field", [(1033, 24.0, "frames"), (121, 240.0, "fps"), (121, 0.5, "fps")])
+def test_empty_latent_refuses_a_linked_value_outside_its_widget_range(frames, fps, field):
+    """ComfyUI range-checks a widget's own value, not a linked one (Audio Guide's frames): the node checks both,
+    naming the input, before allocating anything. Fails without the node's own check (1033 frames is 8k+1)."""
+    with pytest.raises(LTX25Error, match=f"LTX25EmptyLatent.{field}"):
+        LTX25EmptyLatent().make(768, 512, frames, fps, 1, True)
+
+
 def test_mismatched_latent_pair_refused():
     """An audio latent from a different clip length (or fps) is refused before sampling, naming the input."""
     video = torch.zeros(1, 128, 2, 2, 2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from . import bridge
+from .sampling import MAX_FRAMES
 from ..ltx import latents
 from ..ltx.errors import LTX25Error
 from ..ltx.geometry import AUDIO_LATENTS_PER_SECOND, TEMPORAL_COMPRESSION
@@ -183,8 +184,13 @@ class LTX25AudioGuide:
                                  "frames output), or trim the audio.")
             return latent
 
+        frames = audio_clip_frames(count, float(fps))
+        if frames > MAX_FRAMES:  # refused here rather than by Empty Latent, which would not name the audio
+            raise LTX25Error(f"{AUDIO_NODE}.audio", "the audio's length", f"{count / AUDIO_LATENTS_PER_SECOND:.2f} s",
+                             f"at most {(MAX_FRAMES - 1) / float(fps):.2f} s at {float(fps):g} fps (Empty Latent's "
+                             f"{MAX_FRAMES} frames)", "Trim the audio.")
         own = Guides(audio=(AudioGuide(provider, 0, strength),))
-        return (chain_guides(own, guides), audio_clip_frames(count, float(fps)))
+        return (chain_guides(own, guides), frames)
 
 
 def _source(video_latent, audio_latent, where: str):

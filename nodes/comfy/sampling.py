@@ -104,6 +104,12 @@ SEED_INPUT = {"seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED, "control
                                "tooltip": "Noise seed (CPU generator: the same result on every device)."})}
 
 
+# Empty Latent's ranges. ComfyUI checks a widget's own value against them, not a linked one (Audio Guide's frames):
+# `make` checks both.
+MAX_FRAMES = 1025
+FPS_RANGE = (1.0, 120.0)
+
+
 class LTX25EmptyLatent:
     DESCRIPTION = ("Zero video and audio latents for a clip; with two_stage on, width/height are the final size and "
                    "the video latent is the half-size stage-1 latent.")
@@ -120,9 +126,9 @@ class LTX25EmptyLatent:
                               "tooltip": "Final video width in pixels: a multiple of 64 with two_stage, else of 32."}),
             "height": ("INT", {"default": 512, "min": 32, "max": 8192, "step": 32,
                                "tooltip": "Final video height in pixels: a multiple of 64 with two_stage, else of 32."}),
-            "frames": ("INT", {"default": 121, "min": 1, "max": 1025, "step": 8,
+            "frames": ("INT", {"default": 121, "min": 1, "max": MAX_FRAMES, "step": 8,
                                "tooltip": "Number of video frames: 8k+1 (9, 17, …, 121)."}),
-            "fps": ("FLOAT", {"default": 24.0, "min": 1.0, "max": 120.0, "step": 1.0,
+            "fps": ("FLOAT", {"default": 24.0, "min": FPS_RANGE[0], "max": FPS_RANGE[1], "step": 1.0,
                               "tooltip": "Frame rate; sets the audio length and the model's time positions."}),
             "batch": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip": "Clips per batch."}),
             "two_stage": ("BOOLEAN", {"default": True, "tooltip": "On: stage 1 at half size, then Latent Upsample "
@@ -132,6 +138,11 @@ class LTX25EmptyLatent:
 
     def make(self, width: int, height: int, frames: int, fps: float, batch: int, two_stage: bool):
         import torch
+        if not 1 <= frames <= MAX_FRAMES:
+            raise LTX25Error("LTX25EmptyLatent.frames", "frames", frames, f"1 to {MAX_FRAMES}",
+                             "A linked count (LTX-2.5 Audio Guide's frames) is the audio's length: trim the audio.")
+        if not FPS_RANGE[0] <= fps <= FPS_RANGE[1]:
+            raise LTX25Error("LTX25EmptyLatent.fps", "fps", fps, f"{FPS_RANGE[0]:g} to {FPS_RANGE[1]:g}")
         video_shape, audio_shape = latents.empty_latent_shapes(width, height, frames, fps, batch, two_stage)
         device = bridge.intermediate_device()
         bridge.check_fits("LTX25EmptyLatent", "the memory of its video and audio latents",
