@@ -147,6 +147,17 @@ def test_set_overrides_parse_json_and_strings():
         run.apply_overrides(prompt, ["9.value=1"])
 
 
+def test_set_keeps_text_inputs_as_text():
+    """A text input takes the text as given, even where it reads as JSON (a prompt '2024', STG blocks '5', a combo
+    value), a JSON string unquoted; other inputs stay JSON. Fails when every value is parsed as JSON: the STRING
+    input then got the number 2024 and validation refused it."""
+    prompt = json.loads(json.dumps(API))
+    run.apply_overrides(prompt, ["2.suffix=2024", "1.mode=mul", "1.value=7"], CLASSES)
+    assert prompt["2"]["inputs"]["suffix"] == "2024" and prompt["1"]["inputs"]["value"] == 7
+    run.apply_overrides(prompt, ['2.suffix="5"', "2.number=[\"1\", 0]"], CLASSES)
+    assert prompt["2"]["inputs"]["suffix"] == "5" and prompt["2"]["inputs"]["number"] == ["1", 0]
+
+
 def test_an_int_named_seed_gets_the_canvas_control_value_unless_the_node_opts_out():
     """The frontend adds a control widget to any INT named seed; the saved value after it must be skipped, or every
     later widget shifts by one (this once broke the diffusion decode node in the canvas)."""

@@ -64,8 +64,10 @@ def load_prompt(path: str, classes: Mapping[str, type] | None = None) -> dict[st
 
 
 def apply_overrides(prompt: dict[str, dict], overrides: list[str], classes: Mapping[str, type] | None = None) -> None:
-    """`NODE.INPUT=VALUE`; VALUE is JSON when it parses (numbers, true, lists), else a plain string. INPUT must be
-    one of the node class's inputs (a typo would otherwise reach the node as an unexpected argument)."""
+    """`NODE.INPUT=VALUE`; VALUE is JSON when it parses (numbers, true, lists), else a plain string; for a text
+    input (STRING, or a list of names) it is the text as given (`prompt=2024`, `video_stg_blocks=5`), a JSON string
+    (`"5"`) unquoted. INPUT must be one of the node class's inputs (a typo would otherwise reach the node as an
+    unexpected argument)."""
     classes = classes or NODE_CLASS_MAPPINGS
     for item in overrides:
         target, sep, raw = item.partition("=")
@@ -80,6 +82,9 @@ def apply_overrides(prompt: dict[str, dict], overrides: list[str], classes: Mapp
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
+            value = raw
+        kind = input_specs(classes[class_type])[name][0] if class_type in classes else None
+        if (kind == "STRING" or isinstance(kind, (list, tuple))) and not isinstance(value, str):
             value = raw
         prompt[node_id]["inputs"][name] = value
 
