@@ -142,8 +142,8 @@ WORKFLOWS: dict[str, dict[str, Any]] = {
             _save(19, (16, 0), "ltx25_dev_side_by_side", "Save side by side", metadata=(16, 1))],
         "notes": {
             1: "The full (dev) model: ltx-2.5-22b-dev-transformer-bf16 in diffusion_models/, and "
-               "ltx-2.5-22b-distilled-lora-450-bf16 in loras/ (README). Keep a float weight_dtype: LoRAs cannot "
-               "patch weights kept quantized.",
+               "ltx-2.5-22b-distilled-lora-450-bf16 in loras/ (README). The LoRA applies on the fly to the "
+               "transformer as stored, quantized or not; only its 'merged' mode needs float weights.",
             22: "The reference's 2.5 defaults: video cfg 3, audio cfg 7, STG 1 on block 28, a2v/v2a 3, rescale 0.7. "
                 "Each kind not at its neutral value (cfg 1, stg 0, a2v/v2a 1) adds one forward per step.",
             10: "30 Euler steps of the dev schedule, four forwards each (prompt, negative, STG, no audio-video "
