@@ -370,3 +370,15 @@ def test_the_saves_of_both_decodes_start_while_the_compare_computes(monkeypatch)
              and compare not in {value[0] for value in node["inputs"].values() if run.is_link(value)}]
     assert len(saves) == 2 and events.index(compare) < events.index(f"end {compare}"), events
     assert all(events.index(save) < events.index(f"end {compare}") for save in saves), events
+
+
+def test_an_empty_file_list_names_both_folders_a_node_may_list():
+    """A file pick from an empty list: a loader lists its models folder, core Load Image / Audio / Video (headless
+    stand-ins) the input folder; the error names both, so a missing input image is not sent to the models folder."""
+    class PickFile:
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"image": ([],)}}
+    prompt = {"1": {"class_type": "PickFile", "inputs": {"image": "first.png"}}}
+    with pytest.raises(GraphError, match="models folder.*input folder"):
+        validate(prompt, {"PickFile": PickFile})

@@ -186,9 +186,10 @@ def _check_link(prompt, classes, node_id, class_type, name, kind, link) -> None:
 
 def _check_widget(node_id, class_type, name, kind, options, value) -> None:
     if isinstance(kind, list):
-        if not kind:  # a loader's list of files: empty when its models folder holds none of them
+        if not kind:  # a list of files: empty when the node's folder holds none of them
             raise GraphError(node_id, class_type, name, f"value {value!r} cannot be picked: the list of choices is "
-                             "empty (a loader lists the files of its models folder: is the file there?)")
+                             "empty (the node lists the files of a folder: a loader its models folder, Load Image, "
+                             "Audio or Video the input folder, --input headless: is the file there?)")
         if value not in kind:
             shown = ", ".join(map(repr, kind[:8])) + (" …" if len(kind) > 8 else "")
             raise GraphError(node_id, class_type, name, f"value {value!r} not in the list [{shown}]")
