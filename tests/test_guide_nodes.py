@@ -221,6 +221,17 @@ def test_extend_holds_the_overlap_and_join_has_the_requested_length(model):
                                                                                 source_a)
 
 
+def test_join_refuses_an_overlap_other_than_the_windows():
+    """A window made with overlap 1 also has the shapes of one made with 2 (one latent frame fewer new); Join
+    Extension refuses the other overlap by name instead of joining a clip one latent frame short."""
+    video_in, audio_in = {"samples": randn(STAGE1, 1), "frame_rate": FPS}, {"samples": randn(AUDIO, 2), "type": "audio"}
+    window_v, window_a, _ = nodes.LTX25ExtendClip().extend(video_in, audio_in, 16, 1, 1.0)
+    with pytest.raises(LTX25Error, match=r"LTX25JoinExtension.overlap: overlap is 2, expected 1"):
+        nodes.LTX25JoinExtension().join(video_in, audio_in, window_v, window_a, 2)
+    joined_v, _ = nodes.LTX25JoinExtension().join(video_in, audio_in, window_v, window_a, 1)
+    assert joined_v["samples"].shape[2] == STAGE1[2] + 2  # 16 new frames: two latent frames
+
+
 def _bad_audio(audio_encoder):
     return nodes.LTX25AudioGuide().guide({"waveform": randn((1, 2, 16000), 1) * 0.3, "sample_rate": 16000},
                                          audio_encoder, FPS, 1.0)[0]

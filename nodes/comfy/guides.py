@@ -232,7 +232,8 @@ class LTX25ExtendClip:
         plan = plan_extension(tuple(video.shape), tuple(audio.shape), fps, new_frames, overlap, EXTEND_NODE)
         window_video, window_audio = window_latents(video, audio, plan)
         guides = extension_guides(video, audio, plan, strength)
-        return ({"samples": window_video, "frame_rate": fps, latents.HALF_SIZE_KEY: False},
+        return ({"samples": window_video, "frame_rate": fps, latents.HALF_SIZE_KEY: False,
+                 latents.EXTENSION_OVERLAP_KEY: overlap},
                 {"samples": window_audio, "type": "audio", "frame_rate": fps}, guides)
 
 
@@ -252,13 +253,18 @@ class LTX25JoinExtension:
             "audio_latent": ("LATENT", {"tooltip": "The source clip's audio latent."}),
             "window_video": ("LATENT", {"tooltip": "The sampled window's video latent."}),
             "window_audio": ("LATENT", {"tooltip": "The sampled window's audio latent."}),
-            "overlap": ("INT", {"default": 2, "min": 1, "max": 128, "tooltip": "Extend Clip's overlap."}),
+            "overlap": ("INT", {"default": 2, "min": 1, "max": 128, "tooltip": "Extend Clip's overlap (a window "
+                                "that carries it from Extend Clip is checked against it)."}),
         }}
 
     def join(self, video_latent, audio_latent, window_video, window_audio, overlap):
         from ..ltx.dit.extend import join_extension, plan_extension
         video, audio, fps = _source(video_latent, audio_latent, JOIN_NODE)
         w_video, w_audio, _ = _source(window_video, window_audio, JOIN_NODE)
+        made_with = window_video.get(latents.EXTENSION_OVERLAP_KEY)
+        if made_with is not None and made_with != overlap:
+            raise LTX25Error(f"{JOIN_NODE}.overlap", "overlap", overlap, f"{made_with}, the overlap the window was "
+                             "made with", "Set it to Extend Clip's overlap.")
         new_frames = (w_video.shape[2] - overlap) * TEMPORAL_COMPRESSION
         if new_frames <= 0:
             raise LTX25Error(f"{JOIN_NODE}.overlap", "overlap", overlap,

@@ -120,6 +120,9 @@ HALF_SIZE_KEY = "ltx25_half_size"
 # On a stage-1 sampler's video LATENT: the counts of values it drew to start (video with its appended pieces, audio),
 # which stage 2 skips in the seed's stream as the reference's one generator does (sampling.initial_noise).
 NOISE_DRAWN_KEY = "ltx25_noise_drawn"
+# On an extension window's video LATENT (Extend Clip; the samplers keep it): the overlap it was made with, which Join
+# Extension must use. Its shapes cannot tell: a window made with overlap 1 also joins with 2, one latent frame short.
+EXTENSION_OVERLAP_KEY = "ltx25_extension_overlap"
 
 
 def check_upsample_wanted(latent: Mapping, where: str) -> None:
