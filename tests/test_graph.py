@@ -129,6 +129,8 @@ def test_cli_input_errors_are_one_line_and_status_2_before_anything_runs(tmp_pat
         "MakeNumber has no such input (it has value, seed, mode)": [str(good), *models, *out, "--set", "1.valeu=2"],
         "--models: the models folder is": [str(good), "--models", str(tmp_path / "nowhere"), *out],
         "--out: the output folder is": [str(good), *models, "--out", str(tmp_path / "a_file" / "out")],
+        "--vram-budget-gb: the budget is -3.0, expected a number of GiB above 0": [str(good), *models, *out,
+                                                                                   "--vram-budget-gb", "-3"],
     }
     if os.path.isdir("/proc/self"):  # a folder that exists and that nobody, root included, can create files in
         cases["--out: the output folder is '/proc/self'"] = [str(good), *models, "--out", "/proc/self"]

@@ -8,6 +8,7 @@ import torch
 
 from ...ltx import memory_fit
 from ...ltx.device_memory import free_bytes
+from ...ltx.errors import LTX25Error
 from ...ltx.memory_fit import host_available_bytes
 from .comfyui import HAS_COMFY, _mm
 
@@ -76,6 +77,8 @@ _vram_budget_override: int | None = None
 def set_vram_budget_gb(gigabytes: float | None) -> None:
     """Headless: cap the device memory the pack's models and their work may use (None: what is free)."""
     global _vram_budget_override
+    if gigabytes is not None and not gigabytes > 0:  # NaN too
+        raise LTX25Error("--vram-budget-gb", "the budget", gigabytes, "a number of GiB above 0")
     _vram_budget_override = None if gigabytes is None else int(gigabytes * 2**30)
 
 

@@ -92,7 +92,8 @@ class TilePlan:
         frames, height, width = self.pixel_shape
         layout = "untiled" if not self.tiled else \
             f"{self.count} tiles ({len(self.frames)} × {len(self.rows)} × {len(self.cols)}: frames × rows × columns)"
-        budget = "" if budget_bytes is None else f" of {budget_bytes / 2**30:.2f} GiB available"
+        unbounded = budget_bytes is None or budget_bytes >= 2**50  # a CPU decode headless: no device to fill
+        budget = "" if unbounded else f" of {budget_bytes / 2**30:.2f} GiB available"
         return (f"{name}: {frames}×{height}×{width} {layout}, expected peak {self.estimate_bytes / 2**30:.2f} GiB"
                 f"{budget} ({self.reason})")
 
