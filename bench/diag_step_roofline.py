@@ -8,7 +8,8 @@ For each stage, in one process on the released config with random bf16 weights:
 - the `compile` step under torch.profiler: CUDA time of the GEMMs per (M, K, N), of attention per shape, and of the
   rest (Inductor's fused element-wise kernels, copies);
 - every GEMM shape and attention shape seen, timed alone (cuBLAS / SDPA with the mode's cuDNN kernel, warm, medians):
-  what each would cost at its best, and the step's floor = those + the rest as compiled.
+  what each costs outside the step, and those + the rest as compiled (`floor_s`; not a floor where small GEMMs,
+  launch-bound alone even back to back, run faster inside the step).
 
     python bench/diag_step_roofline.py --out $OUT/roofline.json      # CUDA, 22B config, real shapes
     python bench/diag_step_roofline.py --smoke --out /tmp/r.json     # CPU, tiny config (the script itself)

@@ -1,8 +1,9 @@
 """The text encoder's way of streaming (`PIN_STREAMED = False`) on a CUDA device: blocks copied from the pageable
 pages of a memory-mapped safetensors file, each page given back once its copy has returned. The CPU tests stream
-onto the CPU; this checks the asynchronous side-stream path: the outputs equal the resident model's bit for bit
-over several forwards (a page given back before CUDA had read it would read back as other bytes, or zeros), and the
-file's streamed pages are not the process's afterwards (the head's may be: at most one block's worth is allowed).
+onto the CPU; this runs the side-stream path on CUDA: the outputs equal the resident model's bit for bit over
+several forwards, and the file's streamed pages are not the process's afterwards (the head's may be: at most one
+block's worth is allowed). It cannot show when a page was given back: a file page dropped early reads back the same
+bytes.
 
     python bench/diag_stream_pageable.py --out $OUT/stream_pageable.json   # CUDA
     python bench/diag_stream_pageable.py --device cpu --out /tmp/s.json    # the script itself
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -67,7 +69,9 @@ def main() -> int:
     generator = torch.Generator().manual_seed(0)
     values = {k: torch.randn(v.shape, generator=generator) / WIDTH ** 0.5 for k, v in Blocks().state_dict().items()}
     save_file(values, path)
-    os.posix_fadvise(os.open(path, os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)  # cold pages, as after a restart
+    descriptor = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)  # cold pages, as after a restart
+    os.close(descriptor)
 
     reference = Blocks().to(device)
     reference.load_state_dict(values)
@@ -99,6 +103,8 @@ def main() -> int:
     print(json.dumps(result), flush=True)
     with open(args.out, "w") as handle:
         json.dump(result, handle, indent=1)
+    del model
+    shutil.rmtree(folder, ignore_errors=True)
     return 0 if result["ok"] else 1
 
 

@@ -131,6 +131,7 @@ def test_cli_input_errors_are_one_line_and_status_2_before_anything_runs(tmp_pat
         "--out: the output folder is": [str(good), *models, "--out", str(tmp_path / "a_file" / "out")],
         "--vram-budget-gb: the budget is -3.0, expected a number of GiB above 0": [str(good), *models, *out,
                                                                                    "--vram-budget-gb", "-3"],
+        "--vram-budget-gb: the budget is inf": [str(good), *models, *out, "--vram-budget-gb", "inf"],
     }
     if os.path.isdir("/proc/self"):  # a folder that exists and that nobody, root included, can create files in
         cases["--out: the output folder is '/proc/self'"] = [str(good), *models, "--out", "/proc/self"]
@@ -154,8 +155,9 @@ def test_set_keeps_text_inputs_as_text():
     value), a JSON string unquoted; other inputs stay JSON. Fails when every value is parsed as JSON: the STRING
     input then got the number 2024 and validation refused it."""
     prompt = json.loads(json.dumps(API))
-    run.apply_overrides(prompt, ["2.suffix=2024", "1.mode=mul", "1.value=7"], CLASSES)
+    run.apply_overrides(prompt, ["2.suffix=2024", "1.mode=2", "1.value=7"], CLASSES)
     assert prompt["2"]["inputs"]["suffix"] == "2024" and prompt["1"]["inputs"]["value"] == 7
+    assert prompt["1"]["inputs"]["mode"] == "2"  # a combo's choices are names
     run.apply_overrides(prompt, ['2.suffix="5"', "2.number=[\"1\", 0]"], CLASSES)
     assert prompt["2"]["inputs"]["suffix"] == "5" and prompt["2"]["inputs"]["number"] == ["1", 0]
 
@@ -384,3 +386,68 @@ def test_an_empty_file_list_names_both_folders_a_node_may_list():
     prompt = {"1": {"class_type": "PickFile", "inputs": {"image": "first.png"}}}
     with pytest.raises(GraphError, match="models folder.*input folder"):
         validate(prompt, {"PickFile": PickFile})
+
+
+class PassNumber:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"number": ("NUMBER",)}}
+
+    RETURN_TYPES = ("NUMBER",)
+    FUNCTION = "run"
+
+
+class MakeText:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+
+
+def _ui(modes: dict[int, int], pass_links: dict[int, int | None], suffix_link: bool = False) -> dict:
+    """MakeNumber 1 → PassNumber 4 → PassNumber 5 → Show 2 (link ids 1, 2, 3), MakeText 6 → Show's suffix
+    (link 4) with `suffix_link`; `pass_links` overrides the Pass nodes' input links; `modes` sets node modes."""
+    links = [[1, 1, 0, 4, 0, "NUMBER"], [2, 4, 0, 5, 0, "NUMBER"], [3, 5, 0, 2, 0, "NUMBER"],
+             [4, 6, 0, 2, 1, "STRING"], [5, 5, 0, 4, 0, "NUMBER"]]
+    show_inputs = [{"name": "number", "type": "NUMBER", "link": 3}]
+    if suffix_link:
+        show_inputs.append({"name": "suffix", "type": "STRING", "link": 4, "widget": {"name": "suffix"}})
+    number_out = [{"name": "NUMBER", "type": "NUMBER", "links": []}]
+    nodes = [
+        {"id": 1, "type": "MakeNumber", "inputs": [], "outputs": number_out, "widgets_values": [3, 4, "fixed", "mul"]},
+        {"id": 4, "type": "PassNumber", "inputs": [{"name": "number", "type": "NUMBER", "link": pass_links.get(4, 1)}],
+         "outputs": number_out},
+        {"id": 5, "type": "PassNumber", "inputs": [{"name": "number", "type": "NUMBER", "link": pass_links.get(5, 2)}],
+         "outputs": number_out},
+        {"id": 2, "type": "Show", "inputs": show_inputs, "outputs": [], "widgets_values": ["!"]},
+        {"id": 6, "type": "MakeText", "inputs": [], "outputs": [{"name": "STRING", "type": "STRING", "links": []}]},
+    ]
+    for node in nodes:
+        node["mode"] = modes.get(node["id"], 0)
+    return {"version": 0.4, "links": links, "nodes": nodes}
+
+
+BYPASS_CLASSES = {**CLASSES, "PassNumber": PassNumber, "MakeText": MakeText}
+
+
+@pytest.mark.parametrize("modes, pass_links, suffix_link, expected", [
+    ({4: 4, 5: 4}, {}, False, {"number": ["1", 0], "suffix": "!"}),           # a chain of two bypassed nodes
+    ({1: 2, 4: 4, 5: 4}, {}, False, {"suffix": "!"}),                           # muted behind bypassed: gone
+    ({4: 4, 5: 4}, {4: None}, False, {"suffix": "!"}),                         # bypassed onto an unlinked input
+    ({6: 2}, {}, True, {"number": ["5", 0]}),                                   # a widget fed by a muted node: gone
+    ({}, {}, True, {"number": ["5", 0], "suffix": ["6", 0]}),                  # a widget fed by a link
+], ids=["bypass-chain", "muted-source", "bypass-unlinked", "muted-widget", "linked-widget"])
+def test_ui_to_api_resolves_muted_and_bypassed_nodes_as_the_canvas_does(modes, pass_links, suffix_link, expected):
+    """Bypassed nodes pass their matching input through, chained; a muted source removes the input it feeds, a
+    widget's included (the canvas's prompt then lacks it and ComfyUI refuses a required one); bypassed or muted
+    nodes never reach the prompt."""
+    api = ui_to_api(_ui(modes, pass_links, suffix_link), BYPASS_CLASSES)
+    assert api["2"]["inputs"] == expected
+    assert not {str(n) for n, mode in modes.items() if mode in (2, 4)} & set(api)
+
+
+def test_ui_to_api_refuses_bypassed_nodes_that_feed_each_other():
+    with pytest.raises(GraphError, match="loop"):
+        ui_to_api(_ui({4: 4, 5: 4}, {4: 5}), BYPASS_CLASSES)

@@ -197,8 +197,8 @@ def test_audio_guide_holds_the_audio_bit_for_bit_through_both_stages(model, audi
 def test_audio_guide_refuses_audio_longer_than_empty_latents_frames(audio_encoder):
     """Audio longer than Empty Latent's 1025 frames at fps is refused by the guide, naming its audio, rather than
     as a frame count by Empty Latent (ComfyUI does not range-check the linked frames)."""
-    audio = {"waveform": torch.zeros(1, 1, 9 * 8000), "sample_rate": 8000}  # 9 s; 1024 frames at 120 fps: 8.53 s
-    with pytest.raises(LTX25Error, match="LTX25AudioGuide.audio.*at most 8.53 s at 120 fps"):
+    audio = {"waveform": torch.zeros(1, 1, 9 * 8000), "sample_rate": 8000}  # 9 s; 1025 frames at 120 fps hold 8.56 s
+    with pytest.raises(LTX25Error, match="LTX25AudioGuide.audio.*at most 8.56 s at 120 fps"):
         nodes.LTX25AudioGuide().guide(audio, audio_encoder, 120.0, 1.0)
     guides, frames = nodes.LTX25AudioGuide().guide(audio, audio_encoder, 24.0, 1.0)
     assert frames == 217  # the same audio at 24 fps fits: 9 s → 217 frames

@@ -160,7 +160,7 @@ class LTX25AudioGuide:
     def INPUT_TYPES(cls):
         return {"required": {
             "audio": ("AUDIO", {"tooltip": "Any sample rate; held from the clip's start. Longer than the clip is an "
-                                "error at sampling."}),
+                                "error at sampling; longer than Empty Latent's 1025 frames at fps, here."}),
             "audio_encoder": ("LTX25_AUDIO_ENCODER", {"tooltip": "From LTX-2.5 Load Audio Encoder."}),
             "fps": ("FLOAT", {"default": 24.0, "min": 1.0, "max": 120.0, "step": 1.0,
                               "tooltip": "The clip's frame rate (Empty Latent's fps): only for the frames output."}),
@@ -186,9 +186,11 @@ class LTX25AudioGuide:
 
         frames = audio_clip_frames(count, float(fps))
         if frames > MAX_FRAMES:  # refused here rather than by Empty Latent, which would not name the audio
+            from ..ltx.geometry import audio_latent_frames
+            longest = audio_latent_frames(MAX_FRAMES, float(fps)) / AUDIO_LATENTS_PER_SECOND
             raise LTX25Error(f"{AUDIO_NODE}.audio", "the audio's length", f"{count / AUDIO_LATENTS_PER_SECOND:.2f} s",
-                             f"at most {(MAX_FRAMES - 1) / float(fps):.2f} s at {float(fps):g} fps (Empty Latent's "
-                             f"{MAX_FRAMES} frames)", "Trim the audio.")
+                             f"at most {longest:.2f} s at {float(fps):g} fps (Empty Latent's {MAX_FRAMES} frames)",
+                             "Trim the audio.")
         own = Guides(audio=(AudioGuide(provider, 0, strength),))
         return (chain_guides(own, guides), frames)
 

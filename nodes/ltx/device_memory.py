@@ -7,11 +7,14 @@ from typing import Callable
 import torch
 
 
+AMPLE_BYTES = 1 << 62  # the free memory off CUDA: no limit
+
+
 def free_bytes(device: torch.device) -> int:
     """The driver's free memory plus what PyTorch's caching allocator holds idle outside CUDA graphs' pools;
     "ample" off CUDA (the CPU budget is the caller's to give)."""
     if device.type != "cuda":
-        return 1 << 62
+        return AMPLE_BYTES
     free, _total = torch.cuda.mem_get_info(device)
     idle = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return int(free + idle - graph_pool_idle_bytes(device))

@@ -70,9 +70,9 @@ def ui_to_api(workflow: Mapping[str, Any], classes: Mapping[str, type]) -> dict[
                     values.pop(0)
             if linked.get(name) is not None:
                 source = _bypassed_source(links[linked[name]], input_types[name], nodes, links)
-                if source is not None:
+                if isinstance(source, list):
                     inputs[name] = source
-                elif not is_widget(kind):
+                elif source is MUTED or not is_widget(kind):  # the canvas drops an input fed by a muted node
                     inputs.pop(name, None)
         entry = {"class_type": class_type, "inputs": inputs}
         if node.get("title"):
@@ -81,18 +81,22 @@ def ui_to_api(workflow: Mapping[str, Any], classes: Mapping[str, type]) -> dict[
     return prompt
 
 
+MUTED = object()  # `_bypassed_source`: the value would come from a muted node
+
+
 def _bypassed_source(link: list, target_type: str, nodes: Mapping[str, dict],
-                     links: Mapping[int, list]) -> list | None:
+                     links: Mapping[int, list]) -> list | object | None:
     """[source id, slot] of `link` as ComfyUI's frontend resolves it (litegraph's ExecutableNodeDTO.resolveOutput):
     a bypassed node's output i comes from its input i when that input's type fits both the output and the target
     input, else from its first input of exactly the target's type, else from its first input that fits both;
-    through any number of bypassed nodes. None when the value would come from a muted node or an unlinked input."""
+    through any number of bypassed nodes. MUTED when the value would come from a muted node, None from a bypassed
+    node's unlinked input (a widget then keeps its saved value, as on the canvas)."""
     seen: set[tuple[str, int]] = set()
     while True:
         origin, slot = str(link[1]), link[2]
         node = nodes.get(origin)
         if node is None or node.get("mode", 0) == 2:
-            return None
+            return MUTED
         if node.get("mode", 0) != 4:
             return [origin, slot]
         if (origin, slot) in seen:
@@ -110,6 +114,7 @@ def _bypassed_source(link: list, target_type: str, nodes: Mapping[str, dict],
                          next((k for k, ok in enumerate(fits) if ok), -1))
         if not 0 <= index < len(inputs) or inputs[index].get("link") is None:
             return None
+        target_type = inputs[index].get("type", target_type)  # the next hop matches the input taken, as the canvas
         link = links[inputs[index]["link"]]
 
 

@@ -66,8 +66,8 @@ def load_prompt(path: str, classes: Mapping[str, type] | None = None) -> dict[st
 def apply_overrides(prompt: dict[str, dict], overrides: list[str], classes: Mapping[str, type] | None = None) -> None:
     """`NODE.INPUT=VALUE`; VALUE is JSON when it parses (numbers, true, lists), else a plain string; for a text
     input (STRING, or a list of names) it is the text as given (`prompt=2024`, `video_stg_blocks=5`), a JSON string
-    (`"5"`) unquoted. INPUT must be one of the node class's inputs (a typo would otherwise reach the node as an
-    unexpected argument)."""
+    (`"5"`) unquoted, so a text input cannot be given a link this way. INPUT must be one of the node class's inputs
+    (a typo would otherwise reach the node as an unexpected argument)."""
     classes = classes or NODE_CLASS_MAPPINGS
     for item in overrides:
         target, sep, raw = item.partition("=")

@@ -2,6 +2,7 @@
 budget."""
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -77,7 +78,7 @@ _vram_budget_override: int | None = None
 def set_vram_budget_gb(gigabytes: float | None) -> None:
     """Headless: cap the device memory the pack's models and their work may use (None: what is free)."""
     global _vram_budget_override
-    if gigabytes is not None and not gigabytes > 0:  # NaN too
+    if gigabytes is not None and not (math.isfinite(gigabytes) and int(gigabytes * 2**30) > 0):
         raise LTX25Error("--vram-budget-gb", "the budget", gigabytes, "a number of GiB above 0")
     _vram_budget_override = None if gigabytes is None else int(gigabytes * 2**30)
 

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from ...ltx import streaming
+from ...ltx.device_memory import AMPLE_BYTES
 from ...ltx.files.lora import LoraFactors
 from ...ltx.kernels.lora_linear import NO_LOW_RANK, install as install_low_rank
 from .devices import PLACEMENT_HEADROOM, _budget_cap, empty_cache, free_device_memory, module_bytes
@@ -125,7 +126,7 @@ class StandalonePatcher:
         # Headroom, as ComfyUI keeps its inference reserve: the conditioning, latents, positions and the allocator's
         # rounding live beside the planned weights and activations (without it a 24 GiB card ran out allocating the
         # streaming slots).
-        available = free_device_memory(device) + own - PLACEMENT_HEADROOM if device.type != "cpu" else 1 << 62
+        available = free_device_memory(device) + own - PLACEMENT_HEADROOM if device.type != "cpu" else AMPLE_BYTES
         cap = _budget_cap()
         return min(available, cap) if cap is not None else available
 

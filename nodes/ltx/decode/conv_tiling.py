@@ -20,6 +20,7 @@ from typing import Iterator
 
 import torch
 
+from ..device_memory import AMPLE_BYTES
 from ..geometry import SPATIAL_COMPRESSION, TEMPORAL_COMPRESSION, pixel_frames, pixel_shape
 from .tiling import Interval, TilingRequest, axis_cuts, blend_weights, search_budget
 
@@ -92,7 +93,7 @@ class TilePlan:
         frames, height, width = self.pixel_shape
         layout = "untiled" if not self.tiled else \
             f"{self.count} tiles ({len(self.frames)} × {len(self.rows)} × {len(self.cols)}: frames × rows × columns)"
-        unbounded = budget_bytes is None or budget_bytes >= 2**50  # a CPU decode headless: no device to fill
+        unbounded = budget_bytes is None or budget_bytes >= AMPLE_BYTES // 2  # derived from "no limit" (the CPU)
         budget = "" if unbounded else f" of {budget_bytes / 2**30:.2f} GiB available"
         return (f"{name}: {frames}×{height}×{width} {layout}, expected peak {self.estimate_bytes / 2**30:.2f} GiB"
                 f"{budget} ({self.reason})")
