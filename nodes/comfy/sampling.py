@@ -91,11 +91,11 @@ def per_token(held) -> dict:
     return {"per_token": True, "attention_tokens": 0 if held.attention is None else held.attention.tokens}
 
 
-# The latents and seed both samplers (distilled and guided) take, in this order.
-# A sampler's first inputs, in the order of its outputs: bypassed (Ctrl+B, as the templates' two_stage note says for
-# stage 2) it then passes each latent through. ComfyUI's frontend feeds a bypassed node's output i from its input i
-# when the types match, else from its first input of that type: after `model` and `conditioning`, both outputs came
-# from `video_latent`, and Audio Decode got the video latent.
+# The latents and seed both samplers (distilled and guided) take. The latents are a sampler's first inputs, in the
+# order of its outputs: bypassed (Ctrl+B, as the templates' two_stage note says for stage 2) it then passes each
+# latent through. ComfyUI's frontend feeds a bypassed node's output i from its input i when the types match, else
+# from its first input of that type: after `model` and `conditioning`, both outputs came from `video_latent`, and
+# Audio Decode got the video latent.
 STAGE_LATENTS = {
     "video_latent": ("LATENT", {"tooltip": "Stage 1: from Empty Latent. Stage 2: from Latent Upsample."}),
     "audio_latent": ("LATENT", {"tooltip": "Stage 1: from Empty Latent. Stage 2: stage 1's audio output."}),
