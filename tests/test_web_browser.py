@@ -222,3 +222,30 @@ def test_decode_nodes_show_their_figures_and_their_path(page_run, title):
     conv, diffusion = by_class["LTX25ConvVAEDecode"], by_class["LTX25DiffusionVAEDecode"]
     assert conv["bgcolor"] != diffusion["bgcolor"], (conv, diffusion)
     assert "conv VAE" in conv["badges"] and "diffusion VAE" in diffusion["badges"], (conv, diffusion)
+
+
+@pytest.mark.parametrize("title", TITLES)
+def test_bypassing_stage_2_in_the_frontend_passes_each_latent_through(page_run, title):
+    """The real frontend's prompt with 'Upsample x2' and 'Stage 2' bypassed (the templates' two_stage note): what
+    read stage 2's video and audio latents reads stage 1's, and the headless runner's `ui_to_api` resolves the same
+    links. Fails with the samplers' latents after `model` and `conditioning`: both then came from the video latent."""
+    from nodes.tools import workflow_specs
+    from nodes.tools.graph import ui_to_api
+    entry = template(page_run, title)["bypass"]
+    before, after = entry["before"], entry["after"]
+    assert entry["bypassed"] == ["11", "12"] and not {"11", "12"} & set(after)
+    rewired = 0
+    for node_id, node in before.items():
+        for name, value in node["inputs"].items():
+            if isinstance(value, list) and value[0] == "12":
+                assert after[node_id]["inputs"][name] == ["10", value[1]], (node_id, name, after[node_id])
+                rewired += 1
+    assert rewired >= 2
+    workflow = harness.load_json(os.path.join(harness.PACK_ROOT, "workflows", f"{title}.json"))
+    for node in workflow["nodes"]:
+        if node["id"] in (11, 12):
+            node["mode"] = 4
+    ours = ui_to_api(workflow, workflow_specs.CLASSES)
+    links = lambda prompt: {(i, n): v for i, node in prompt.items() for n, v in node["inputs"].items()  # noqa: E731
+                            if isinstance(v, list)}
+    assert links(ours) == links(after)

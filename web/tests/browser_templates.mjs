@@ -171,6 +171,19 @@ async function loadAndRun(page, title, runIndex) {
   }, { url, title });
   await frames(page, 3);
   const opened = await measureOpen(page);
+  // The prompt the frontend queues with "Upsample x2" and "Stage 2" (nodes 11, 12) bypassed, as the templates'
+  // two_stage note says, beside the one it queues as opened; the modes are put back before the run.
+  const bypass = await page.evaluate(async () => {
+    const { app } = window.comfyAPI.app;
+    const before = (await app.graphToPrompt()).output;
+    const stage = [11, 12].map((id) => app.graph.getNodeById(id)).filter(Boolean);
+    for (const node of stage) node.mode = 4;
+    try {
+      return { bypassed: stage.map((n) => String(n.id)), before, after: (await app.graphToPrompt()).output };
+    } finally {
+      for (const node of stage) node.mode = 0;
+    }
+  });
   await page.screenshot({ path: path.join(opt.out, `${title.replace(/\W+/g, "_")}_open.png`) });
   const run = await page.evaluate(async ({ timeoutMs, widgets, seed }) => {
     const { app } = window.comfyAPI.app, { api } = window.comfyAPI.api;
@@ -211,7 +224,7 @@ async function loadAndRun(page, title, runIndex) {
     return { missing_types, status, node_errors: response?.node_errors ?? {}, executed_nodes, output_ids,
       compare_ids: app.graph.nodes.filter((n) => n.comfyClass === "LTX25DecoderCompare").map((n) => String(n.id)) };
   }, { timeoutMs, widgets: JSON.parse(opt.widgets), seed: 1000 + runIndex });
-  return { opened, run };
+  return { opened, run, bypass };
 }
 
 /** After a run: wait until the outputs' previews are there and loaded and no node has changed size for a second,
