@@ -14,7 +14,7 @@ from . import bridge
 from .sampling import MAX_FRAMES
 from ..ltx import latents
 from ..ltx.errors import LTX25Error
-from ..ltx.geometry import AUDIO_LATENTS_PER_SECOND, TEMPORAL_COMPRESSION
+from ..ltx.geometry import AUDIO_LATENTS_PER_SECOND, TEMPORAL_COMPRESSION, audio_latent_frames
 
 CATEGORY = "LTX-2.5/conditioning"
 IMAGE_NODE, AUDIO_NODE = "LTX25ImageGuide", "LTX25AudioGuide"
@@ -140,7 +140,6 @@ class LTX25ImageGuide:
 
 def audio_clip_frames(audio_latents: int, fps: float) -> int:
     """The fewest 8k+1 pixel frames whose clip at `fps` has at least `audio_latents` audio latents."""
-    from ..ltx.geometry import audio_latent_frames
     frames = 1
     while audio_latent_frames(frames, fps) < audio_latents:
         frames += TEMPORAL_COMPRESSION
@@ -186,7 +185,6 @@ class LTX25AudioGuide:
 
         frames = audio_clip_frames(count, float(fps))
         if frames > MAX_FRAMES:  # refused here rather than by Empty Latent, which would not name the audio
-            from ..ltx.geometry import audio_latent_frames
             longest = audio_latent_frames(MAX_FRAMES, float(fps)) / AUDIO_LATENTS_PER_SECOND
             raise LTX25Error(f"{AUDIO_NODE}.audio", "the audio's length", f"{count / AUDIO_LATENTS_PER_SECOND:.2f} s",
                              f"at most {longest:.2f} s at {float(fps):g} fps (Empty Latent's {MAX_FRAMES} frames)",

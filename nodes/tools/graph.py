@@ -60,16 +60,16 @@ def ui_to_api(workflow: Mapping[str, Any], classes: Mapping[str, type]) -> dict[
         if class_type not in classes:
             raise GraphError(node_id, class_type, None, "unknown node class (is the pack installed?)")
         inputs: dict[str, Any] = {}
-        linked = {i["name"]: i.get("link") for i in node.get("inputs", [])}
-        input_types = {i["name"]: i.get("type", "*") for i in node.get("inputs", [])}
+        slots = {i["name"]: i for i in node.get("inputs", [])}
         values = list(node.get("widgets_values", []))
         for name, (kind, options, _required) in input_specs(classes[class_type]).items():
             if is_widget(kind) and values:
                 inputs[name] = values.pop(0)
                 if has_control_value(name, kind, options) and values and values[0] in ("fixed", "randomize", "increment", "decrement"):
                     values.pop(0)
-            if linked.get(name) is not None:
-                source = _bypassed_source(links[linked[name]], input_types[name], nodes, links)
+            link = slots.get(name, {}).get("link")
+            if link is not None:
+                source = _bypassed_source(links[link], slots[name].get("type", "*"), nodes, links)
                 if isinstance(source, list):
                     inputs[name] = source
                 elif source is MUTED or not is_widget(kind):  # the canvas drops an input fed by a muted node

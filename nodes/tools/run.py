@@ -76,14 +76,15 @@ def apply_overrides(prompt: dict[str, dict], overrides: list[str], classes: Mapp
             raise GraphError(node_id, prompt.get(node_id, {}).get("class_type", "?"), name or None,
                              f"cannot apply --set {item!r} (expected NODE.INPUT=VALUE for an existing node)")
         class_type = prompt[node_id].get("class_type")
-        if class_type in classes and name not in input_specs(classes[class_type]):
+        specs = input_specs(classes[class_type]) if class_type in classes else None
+        if specs is not None and name not in specs:
             raise GraphError(node_id, class_type, name, f"cannot apply --set {item!r}: {class_type} has no such "
-                             f"input (it has {', '.join(input_specs(classes[class_type]))})")
+                             f"input (it has {', '.join(specs)})")
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
-        kind = input_specs(classes[class_type])[name][0] if class_type in classes else None
+        kind = specs[name][0] if specs is not None else None
         if (kind == "STRING" or isinstance(kind, (list, tuple))) and not isinstance(value, str):
             value = raw
         prompt[node_id]["inputs"][name] = value
